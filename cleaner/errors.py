@@ -1,0 +1,125 @@
+"""Typed errors. Bad input never surfaces as a bare exception: every error that comes
+from data on disk names the file, the byte position or offset, and the reason, so an
+operator can find the bad bytes with ``kafka-cleaner dump``.
+
+Names follow Kafka's exceptions where one exists (CorruptRecordException,
+LogCleaningAbortedException, LogSegmentOffsetOverflowException, ...).
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class KafkaCleanerError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class CorruptDataError(KafkaCleanerError):
+    """Bytes on disk that do not follow Kafka's format.
+
+    ``path`` is the file (None when decoding an in-memory buffer), ``position`` the byte
+    position inside it, ``offset`` the Kafka offset concerned, when known.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        position: int | None = None,
+        offset: int | None = None,
+    ) -> None:
+        self.reason = reason
+        self.path = os.fspath(path) if path is not None else None
+        self.position = position
+        self.offset = offset
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        where = []
+        if self.path is not None:
+            where.append(self.path)
+        if self.position is not None:
+            where.append(f"byte {self.position}")
+        if self.offset is not None:
+            where.append(f"offset {self.offset}")
+        return f"{', '.join(where)}: {self.reason}" if where else self.reason
+
+    def located(
+        self,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        base_position: int = 0,
+    ) -> CorruptDataError:
+        """The same error with the file name filled in and the position made absolute.
+
+        Decoders work on buffers and do not know which file or where in it they are;
+        the storage layer re-raises their errors through this.
+        """
+        return type(self)(
+            self.reason,
+            path=path if self.path is None else self.path,
+            position=None if self.position is None else self.position + base_position,
+            offset=self.offset,
+        )
+
+
+class CorruptRecordError(CorruptDataError):
+    """A record batch or record violates the format (Kafka: CorruptRecordException)."""
+
+
+class InvalidRecordError(CorruptRecordError):
+    """Well-framed bytes whose content is invalid (bad CRC, bad attributes, ...)."""
+
+
+class CorruptIndexError(CorruptDataError):
+    """An offset, time or transaction index is inconsistent (Kafka: CorruptIndexException)."""
+
+
+class CorruptCheckpointError(CorruptDataError):
+    """A checkpoint or metadata text file does not parse strictly."""
+
+
+class CorruptSnapshotError(CorruptDataError):
+    """A producer-state snapshot has a bad version or CRC (Kafka: CorruptSnapshotException)."""
+
+
+class LogSegmentOffsetOverflowError(KafkaCleanerError):
+    """An offset does not fit the segment's 32-bit relative range."""
+
+    def __init__(self, segment_base_offset: int, offset: int) -> None:
+        self.segment_base_offset = segment_base_offset
+        self.offset = offset
+        super().__init__(
+            f"offset {offset} does not fit segment with base offset {segment_base_offset} "
+            f"(relative offset {offset - segment_base_offset} > {2**31 - 1})"
+        )
+
+
+class LogCleaningAbortedError(KafkaCleanerError):
+    """The clean of a partition was aborted (truncation, pause, shutdown); nothing was changed."""
+
+
+class ThreadShutdownError(KafkaCleanerError):
+    """Raised inside a cleaner thread when the pool is shutting down."""
+
+
+class LogDirLockedError(KafkaCleanerError):
+    """Another process (normally the Kafka broker) holds the log directory's ``.lock``."""
+
+    def __init__(self, log_dir: str | os.PathLike[str]) -> None:
+        self.log_dir = os.fspath(log_dir)
+        super().__init__(
+            f"{self.log_dir}: the log directory is locked by another process (a running Kafka "
+            f"broker?); stop the broker or use `status` / sidecar observe mode, which only read"
+        )
+
+
+class PolicyError(KafkaCleanerError):
+    """A policy file or field is invalid. ``field`` is a dotted path such as ``spec.topics[0].match``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}" if field else message)

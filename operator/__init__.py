@@ -1,0 +1,1 @@
+"""The kopf operator for CompactionPolicy resources (import name ``compaction_operator``)."""
