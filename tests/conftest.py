@@ -1,0 +1,29 @@
+"""Shared test configuration."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+REAL_KAFKA = SHARED / "fixtures" / "real-kafka"
+
+settings.register_profile(
+    "default", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=100
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(scope="session")
+def real_kafka_root() -> pathlib.Path:
+    """The read-only directory of files written by real Kafka brokers.
+
+    Absent in a user's clone (it lives beside the repository, in ../shared); present in CI.
+    """
+    if not REAL_KAFKA.is_dir():
+        pytest.skip(f"real Kafka fixtures not found at {REAL_KAFKA} (they live in ../shared, beside the repo)")
+    return REAL_KAFKA
