@@ -1,0 +1,135 @@
+"""Durable file operations: the only place the project writes a file that must survive a crash.
+
+Every crash-relevant write (checkpoints, ``partition.metadata``, ``meta.properties``,
+``.cleaned`` segment files, producer snapshots) and every rename of the swap protocol goes
+through the small functions below, so that tests can inject faults (ENOSPC, EIO, a crash
+"between" two steps) by monkeypatching them::
+
+    monkeypatch.setattr(files, "fsync_file", failing_fsync)
+
+For that to work, callers must use them as module attributes (``from cleaner.storage import
+files``; ``files.atomic_write(...)``), never ``from cleaner.storage.files import ...``: a
+name imported into another module is not replaced by the patch. Inside this module the
+composite operations also call the primitives through the module globals, so patching
+``fsync_file`` or ``rename`` affects ``atomic_write`` and ``write_file`` too.
+
+The procedures follow Kafka's own (``CheckpointFile.write``, ``Utils.atomicMoveWithFallback``,
+``Utils.flushDir``, ``PartitionMetadataFile.maybeFlush``, ``PropertiesUtils.writePropertiesFile``):
+write ``<file>.tmp`` in the same directory, flush, fsync, rename over the target, fsync
+the parent directory (KAFKA_NOTES §3.1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+PathLike = str | os.PathLike[str]
+
+TMP_SUFFIX = ".tmp"
+
+
+def fsync_file(fd_or_path: int | PathLike) -> None:
+    """Flush a file's data and metadata to disk (``FileDescriptor.sync`` / ``FileChannel.force(true)``).
+
+    Accepts an open file descriptor or a path (opened read-only for the call).
+    """
+    if isinstance(fd_or_path, int):
+        os.fsync(fd_or_path)
+        return
+    fd = os.open(fd_or_path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: PathLike) -> None:
+    """Make renames and creations inside directory ``path`` durable (Kafka's ``Utils.flushDir``)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rename(src: PathLike, dst: PathLike) -> None:
+    """Atomically rename ``src`` over ``dst`` (``Files.move(ATOMIC_MOVE)``; replaces an existing ``dst``).
+
+    Does not fsync the directory: callers that need the rename to be durable call
+    ``fsync_dir`` afterwards (several renames can share one directory fsync, §14 step 8).
+    """
+    os.replace(src, dst)
+
+
+def remove(path: PathLike, missing_ok: bool = True) -> None:
+    """Unlink a file; a missing file is not an error unless ``missing_ok`` is False."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+
+
+def set_mtime_ms(path: PathLike, ms: int) -> None:
+    """Set a file's modification time to ``ms`` epoch milliseconds, keeping its access time.
+
+    Kafka's ``File.setLastModified``: the cleaner stamps a cleaned segment with the mtime of
+    the last segment it replaces (KAFKA_NOTES §4 point 5, §9.4).
+    """
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, int(ms) * 1_000_000))
+
+
+def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def write_file(path: PathLike, data: bytes | bytearray | memoryview, *, fsync: bool = True) -> None:
+    """Create (or truncate) ``path``, write ``data``, fsync it.
+
+    For files written in place, as Kafka does: new ``.cleaned`` segment files and their
+    indexes, producer-state snapshots (``ProducerStateManager.writeSnapshot`` opens with
+    CREATE+WRITE and forces the channel). A failure removes the partial file and re-raises,
+    so no half-written file is left under a name the broker would load.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        try:
+            _write_all(fd, data)
+            if fsync:
+                fsync_file(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        remove(path)
+        raise
+
+
+def atomic_write(path: PathLike, data: bytes | bytearray | memoryview) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file.
+
+    Kafka's order (``CheckpointFile.write`` + ``Utils.atomicMoveWithFallback``): write
+    ``<path>.tmp`` in the same directory, fsync it, rename it over ``path``, fsync the
+    parent directory. If any step before the rename fails, the temp file is removed and
+    the error re-raised; ``path`` is untouched. If only the final directory fsync fails, the
+    new content is already in place (and fsynced) and the error is re-raised.
+    """
+    target = os.fspath(path)
+    tmp = target + TMP_SUFFIX
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            _write_all(fd, data)
+            fsync_file(fd)
+        finally:
+            os.close(fd)
+        rename(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            remove(tmp)
+        raise
+    fsync_dir(os.path.dirname(os.path.abspath(target)))
