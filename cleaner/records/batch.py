@@ -105,16 +105,28 @@ class BatchHeader:
     position: int = 0
 
     @classmethod
-    def parse(cls, buf: bytes | bytearray | memoryview, position: int = 0, file_position: int | None = None) -> BatchHeader:
+    def parse(
+        cls, buf: bytes | bytearray | memoryview, position: int = 0, file_position: int | None = None
+    ) -> BatchHeader:
         """Decode the 61-byte header at ``position`` of ``buf`` (no validation)."""
         fields = HEADER.unpack_from(buf, position)
         return cls(*fields, position=position if file_position is None else file_position)
 
     def pack(self) -> bytes:
         return HEADER.pack(
-            self.base_offset, self.length, self.partition_leader_epoch, self.magic, self.crc,
-            self.attributes, self.last_offset_delta, self.base_timestamp, self.max_timestamp,
-            self.producer_id, self.producer_epoch, self.base_sequence, self.records_count,
+            self.base_offset,
+            self.length,
+            self.partition_leader_epoch,
+            self.magic,
+            self.crc,
+            self.attributes,
+            self.last_offset_delta,
+            self.base_timestamp,
+            self.max_timestamp,
+            self.producer_id,
+            self.producer_epoch,
+            self.base_sequence,
+            self.records_count,
         )
 
     # Derived values, named as in Kafka's RecordBatch interface.
@@ -139,7 +151,9 @@ class BatchHeader:
     def timestamp_type(self) -> TimestampType:
         if self.magic == 0:
             return TimestampType.NO_TIMESTAMP_TYPE
-        return TimestampType.LOG_APPEND_TIME if self.attributes & Attributes.LOG_APPEND_TIME else TimestampType.CREATE_TIME
+        return (
+            TimestampType.LOG_APPEND_TIME if self.attributes & Attributes.LOG_APPEND_TIME else TimestampType.CREATE_TIME
+        )
 
     @property
     def is_transactional(self) -> bool:

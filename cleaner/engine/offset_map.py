@@ -1,0 +1,258 @@
+"""The offset map: key digest -> latest offset, in a fixed amount of memory.
+
+Kafka's ``SkimpyOffsetMap`` stores a 16-byte MD5 and an 8-byte offset per slot (24 bytes;
+26.7 bytes per usable key at the default load factor 0.9). This map keeps the same
+contract (``put`` refuses once ``size`` reaches ``slots * loadFactor``; ``latestOffset``
+follows every put) in less memory:
+
+- digests are xxh3-128 (16 bytes, the full digest is always compared: a collision
+  would silently drop a live record, so nothing weaker than 128 bits);
+- offsets are stored relative to the round's first dirty offset in 32 bits (a round
+  ends where an offset no longer fits, see ``offset_limit``);
+- the table is split into 256 partitions by the digest's first byte, which is then
+  implied by the partition and not stored.
+
+That is 19 bytes a slot, 21.1 bytes per usable key at load factor 0.9. Slots are laid
+out as separate numpy columns and probed with double hashing over a prime table size,
+for many keys at once: the loops run over probe rounds, never over keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import xxhash
+
+DIGEST_SIZE = 16
+PARTITION_BITS = 8
+PARTITIONS = 1 << PARTITION_BITS
+MIN_SLOTS_PER_PARTITION = 4096  # below this, per-partition fill varies too much
+_EMPTY = np.uint32(0)
+_MAX_RELATIVE = 2**32 - 2  # stored as relative + 1, and 0 marks an empty slot
+
+
+def digest_keys(data: bytes | bytearray | memoryview, starts: Sequence[int], ends: Sequence[int]) -> np.ndarray:
+    """xxh3-128 of each key ``data[start:end]``, as an (n, 16) uint8 array (big-endian digest)."""
+    if not isinstance(data, bytes):
+        data = bytes(data)
+    digest = xxhash.xxh3_128_digest
+    blob = b"".join([digest(data[a:b]) for a, b in zip(starts, ends, strict=True)])
+    return np.frombuffer(blob, dtype=np.uint8).reshape(-1, DIGEST_SIZE)
+
+
+def digest_key(key: bytes) -> np.ndarray:
+    return np.frombuffer(xxhash.xxh3_128_digest(key), dtype=np.uint8).reshape(1, DIGEST_SIZE)
+
+
+def _largest_prime_at_most(n: int) -> int:
+    """Double hashing visits every slot only when the table size is prime."""
+    if n < 2:
+        return n
+    for candidate in range(n, 1, -1):
+        if candidate < 4:
+            return candidate
+        if candidate % 2 == 0:
+            continue
+        limit = int(candidate**0.5)
+        if all(candidate % d for d in range(3, limit + 1, 2)):
+            return candidate
+    return 2
+
+
+class _Digests:
+    """A batch of digests split into the columns the table stores."""
+
+    __slots__ = ("a", "b", "c", "d", "z")
+
+    def __init__(self, digests: np.ndarray) -> None:
+        d = np.ascontiguousarray(digests, dtype=np.uint8)
+        self.z = d[:, 0].copy()
+        self.a = d[:, 1:9].copy().view(">u8").reshape(-1).astype(np.uint64)
+        self.b = d[:, 9:13].copy().view(">u4").reshape(-1).astype(np.uint32)
+        self.c = d[:, 13:15].copy().view(">u2").reshape(-1).astype(np.uint16)
+        self.d = d[:, 15].copy()
+
+    def take(self, index: np.ndarray) -> _Digests:
+        out = _Digests.__new__(_Digests)
+        out.z, out.a, out.b, out.c, out.d = self.z[index], self.a[index], self.b[index], self.c[index], self.d[index]
+        return out
+
+
+class OffsetMap:
+    """Key digest -> latest offset in exactly ``memory`` bytes (or less), reused across rounds."""
+
+    def __init__(self, memory: int, load_factor: float = 0.9) -> None:
+        if not 0 < load_factor <= 1:
+            raise ValueError(f"load factor must be in (0, 1], got {load_factor}")
+        partitioned = memory // (19 * PARTITIONS) >= MIN_SLOTS_PER_PARTITION
+        self.partitions = PARTITIONS if partitioned else 1
+        self.bytes_per_entry = 19 if partitioned else 20  # the partition byte is implied when partitioned
+        self.slots_per_partition = _largest_prime_at_most(memory // (self.bytes_per_entry * self.partitions))
+        self.slots = self.slots_per_partition * self.partitions
+        if self.slots * load_factor <= 1:
+            raise ValueError(
+                f"offset map is too small to fit in even a single message ({memory} bytes give {self.slots} slots at "
+                f"load factor {load_factor}); increase dedupeBufferSize or decrease threads"
+            )
+        self.load_factor = load_factor
+        # Kafka: maxDesiredMapSize = (int)(slots * loadFactor). Each partition also keeps
+        # one slot free so that every probe sequence ends.
+        self.max_keys = min(int(self.slots * load_factor), self.slots - self.partitions)
+        n = self.slots
+        self._a = np.zeros(n, dtype=np.uint64)
+        self._b = np.zeros(n, dtype=np.uint32)
+        self._c = np.zeros(n, dtype=np.uint16)
+        self._d = np.zeros(n, dtype=np.uint8)
+        self._z = None if partitioned else np.zeros(n, dtype=np.uint8)
+        self._offsets = np.zeros(n, dtype=np.uint32)
+        self._partition_sizes = np.zeros(self.partitions, dtype=np.int64)
+        self.memory = sum(x.nbytes for x in (self._a, self._b, self._c, self._d, self._offsets)) + (
+            self._z.nbytes if self._z is not None else 0
+        )
+        self.size = 0
+        self.base_offset = 0
+        self.latest_offset = -1
+
+    # -- Kafka's OffsetMap API --------------------------------------------------------
+
+    def clear(self, base_offset: int = 0) -> None:
+        """Empty the map for a new round whose offsets start at ``base_offset``
+        (an empty slot is one whose stored offset is 0, so only that column is reset)."""
+        self._offsets.fill(0)
+        self._partition_sizes.fill(0)
+        self.size = 0
+        self.base_offset = base_offset
+        self.latest_offset = -1
+
+    @property
+    def utilization(self) -> float:
+        return self.size / self.slots
+
+    @property
+    def bytes_per_usable_key(self) -> float:
+        return self.memory / self.max_keys
+
+    @property
+    def offset_limit(self) -> int:
+        """The largest offset this round's map can hold."""
+        return self.base_offset + _MAX_RELATIVE
+
+    def update_latest_offset(self, offset: int) -> None:
+        self.latest_offset = offset
+
+    def put(self, key_digest: np.ndarray, offset: int) -> bool:
+        return self.put_many(key_digest.reshape(1, DIGEST_SIZE), np.array([offset], dtype=np.int64)) == 1
+
+    def get(self, key_digest: np.ndarray) -> int:
+        return int(self.get_many(key_digest.reshape(1, DIGEST_SIZE))[0])
+
+    # -- vectorised forms ---------------------------------------------------------------
+
+    def put_many(self, digests: np.ndarray, offsets: np.ndarray) -> int:
+        """Insert keys in order, as Kafka's map-building loop does record by record:
+        a key may only be put while ``size < max_keys`` (checked before *every* put,
+        also of keys already present). Returns how many were put; fewer than given means
+        the map became full before that key. ``latest_offset`` is the last put offset."""
+        n = int(offsets.shape[0])
+        if n == 0:
+            return 0
+        relative = np.asarray(offsets, dtype=np.int64) - self.base_offset
+        if relative.min() < 0 or relative.max() > _MAX_RELATIVE:
+            raise ValueError("offset outside the range of this round (see offset_limit)")
+        keys = _Digests(digests)
+        done = 0
+        while done < n:
+            room = self._room()
+            if room <= 0:
+                break
+            upto = min(n, done + room)
+            chunk = np.arange(done, upto)
+            self._insert(keys.take(chunk), relative[chunk])
+            done = upto
+        if done:
+            self.latest_offset = int(offsets[done - 1])
+        return done
+
+    def get_many(self, digests: np.ndarray) -> np.ndarray:
+        """The mapped offset of each key, or -1."""
+        keys = _Digests(digests)
+        slots, found = self._locate(keys)
+        out = np.full(found.shape, -1, dtype=np.int64)
+        out[found] = self._offsets[slots[found]].astype(np.int64) - 1 + self.base_offset
+        return out
+
+    # -- the table ----------------------------------------------------------------------
+
+    def _room(self) -> int:
+        """How many puts can certainly succeed: the global cap, and each partition's
+        reserved free slot (only ever binding on adversarial digests)."""
+        room = self.max_keys - self.size
+        if self.partitions > 1:
+            room = min(room, int((self.slots_per_partition - 1 - self._partition_sizes).min()))
+        return room
+
+    def _partition(self, keys: _Digests) -> np.ndarray:
+        if self.partitions == 1:
+            return np.zeros(keys.a.shape, dtype=np.int64)
+        return keys.z.astype(np.int64)
+
+    def _locate(self, keys: _Digests) -> tuple[np.ndarray, np.ndarray]:
+        """For each key, the slot holding it (found=True) or the first empty slot of its
+        probe sequence (found=False)."""
+        s = self.slots_per_partition
+        n = keys.a.shape[0]
+        origin = self._partition(keys) * s
+        pos = (keys.a % np.uint64(s)).astype(np.int64)
+        if s > 2:
+            step = (keys.b.astype(np.int64) % (s - 1)) + 1
+        else:
+            step = np.ones(n, dtype=np.int64)
+        slots = np.empty(n, dtype=np.int64)
+        found = np.zeros(n, dtype=bool)
+        active = np.arange(n)
+        for _ in range(s):
+            g = origin[active] + pos[active]
+            stored = self._offsets[g]
+            empty = stored == _EMPTY
+            equal = ~empty & (self._a[g] == keys.a[active]) & (self._b[g] == keys.b[active])
+            equal &= (self._c[g] == keys.c[active]) & (self._d[g] == keys.d[active])
+            if self._z is not None:
+                equal &= self._z[g] == keys.z[active]
+            done = empty | equal
+            slots[active[done]] = g[done]
+            found[active[done]] = equal[done]
+            active = active[~done]
+            if active.size == 0:
+                break
+            pos[active] = (pos[active] + step[active]) % s
+        return slots, found
+
+    def _insert(self, keys: _Digests, relative: np.ndarray) -> None:
+        stored = (relative + 1).astype(np.uint32)
+        pending = np.arange(keys.a.shape[0])
+        while pending.size:
+            subset = keys.take(pending)
+            slots, found = self._locate(subset)
+            if found.any():
+                # Offsets only grow within a round, so the latest occurrence wins.
+                np.maximum.at(self._offsets, slots[found], stored[pending[found]])
+            new = np.flatnonzero(~found)
+            if new.size == 0:
+                break
+            # Several new keys may have reached the same empty slot (or one key may occur
+            # twice): the first claims it, the others probe again next round.
+            claimed, first = np.unique(slots[new], return_index=True)
+            winners = new[first]
+            self._a[claimed] = subset.a[winners]
+            self._b[claimed] = subset.b[winners]
+            self._c[claimed] = subset.c[winners]
+            self._d[claimed] = subset.d[winners]
+            if self._z is not None:
+                self._z[claimed] = subset.z[winners]
+            self._offsets[claimed] = stored[pending[winners]]
+            self.size += int(claimed.size)
+            if self.partitions > 1:
+                np.add.at(self._partition_sizes, self._partition(subset.take(winners)), 1)
+            losers = np.setdiff1d(new, winners, assume_unique=True)
+            pending = pending[losers]

@@ -1,0 +1,341 @@
+"""Write v2 record batches (Kafka's ``MemoryRecordsBuilder`` and the cleaner's re-encoding).
+
+Three ways a batch is produced:
+
+- ``build_batch``: from ``Record`` objects (the data generator, tests, markers);
+- ``rebuild_batch``: from the decoded columns of an existing batch and the rows to keep,
+  following the cleaner's exact re-encoding rules (KAFKA_NOTES §9.8): original base offset
+  and lastOffsetDelta, original codec, producer fields and leader epoch, each kept
+  record's body copied byte for byte, timestamps re-based on the delete horizon;
+- ``build_empty_batch``: the 61-byte header Kafka keeps for RETAIN_EMPTY batches.
+
+Output is deterministic (same input, same bytes), which the Spark jobs rely on to produce
+results byte-identical to the single-node engine.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import crc32c
+import numpy as np
+
+from cleaner.records.batch import (
+    ATTRIBUTES_OFFSET,
+    CURRENT_MAGIC,
+    HEADER,
+    INT32_MAX,
+    LOG_OVERHEAD,
+    NO_PARTITION_LEADER_EPOCH,
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    NO_TIMESTAMP,
+    RECORD_BATCH_OVERHEAD,
+    Attributes,
+    BatchHeader,
+    TimestampType,
+)
+from cleaner.records.columns import RecordColumns
+from cleaner.records.compression import CompressionType, compress
+from cleaner.records.control import ControlRecordType, EndTxnMarker
+from cleaner.records.record import Header, Record
+from cleaner.records.varint import encode_varint, encode_varints
+
+_CRC = struct.Struct(">I")
+
+
+def encode_record(
+    offset_delta: int, timestamp_delta: int, key: bytes | None, value: bytes | None, headers: Sequence[Header] = ()
+) -> bytes:
+    """One record (``DefaultRecord.writeTo``): length varint, then the body."""
+    body = bytearray(b"\x00")  # attributes: no bits defined
+    body += encode_varint(timestamp_delta)
+    body += encode_varint(offset_delta)
+    if key is None:
+        body += b"\x01"  # varint -1
+    else:
+        body += encode_varint(len(key))
+        body += key
+    if value is None:
+        body += b"\x01"
+    else:
+        body += encode_varint(len(value))
+        body += value
+    body += encode_varint(len(headers))
+    for hkey, hvalue in headers:
+        hk = hkey.encode("utf-8")
+        body += encode_varint(len(hk))
+        body += hk
+        if hvalue is None:
+            body += b"\x01"
+        else:
+            body += encode_varint(len(hvalue))
+            body += hvalue
+    return encode_varint(len(body)) + bytes(body)
+
+
+def assemble_batch(
+    *,
+    base_offset: int,
+    last_offset_delta: int,
+    attributes: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    records_count: int,
+    records: bytes | bytearray | memoryview,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+) -> bytes:
+    """Header + (compressed) records section, with the CRC-32C over attributes..end."""
+    codec = attributes & Attributes.COMPRESSION_MASK
+    section = compress(codec, records) if codec != CompressionType.NONE and records_count > 0 else bytes(records)
+    length = RECORD_BATCH_OVERHEAD - LOG_OVERHEAD + len(section)
+    header = bytearray(
+        HEADER.pack(
+            base_offset,
+            length,
+            partition_leader_epoch,
+            CURRENT_MAGIC,
+            0,
+            attributes,
+            last_offset_delta,
+            base_timestamp,
+            max_timestamp,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            records_count,
+        )
+    )
+    crc = crc32c.crc32c(section, crc32c.crc32c(header[ATTRIBUTES_OFFSET:]))
+    _CRC.pack_into(header, 17, crc)
+    return bytes(header) + section
+
+
+def _attributes(
+    compression: int, timestamp_type: TimestampType, is_transactional: bool, is_control: bool, has_horizon: bool
+) -> int:
+    attributes = int(compression) & Attributes.COMPRESSION_MASK
+    if timestamp_type == TimestampType.LOG_APPEND_TIME:
+        attributes |= Attributes.LOG_APPEND_TIME
+    if is_transactional:
+        attributes |= Attributes.TRANSACTIONAL
+    if is_control:
+        attributes |= Attributes.CONTROL
+    if has_horizon:
+        attributes |= Attributes.DELETE_HORIZON
+    return attributes
+
+
+def build_batch(
+    records: Sequence[Record],
+    *,
+    base_offset: int | None = None,
+    compression: int = CompressionType.NONE,
+    timestamp_type: TimestampType = TimestampType.CREATE_TIME,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    is_transactional: bool = False,
+    is_control: bool = False,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    delete_horizon_ms: int | None = None,
+    last_offset_delta: int | None = None,
+    max_timestamp: int | None = None,
+) -> bytes:
+    """A v2 batch holding ``records`` (with their absolute offsets and timestamps).
+
+    ``base_offset`` defaults to the first record's offset; ``last_offset_delta`` to the
+    last record's; ``max_timestamp`` to the largest record timestamp (pass the broker's
+    append time for LogAppendTime batches). The same checks as Kafka's builder apply:
+    offsets strictly increasing, deltas within int32, timestamps >= 0 or -1.
+    """
+    if base_offset is None:
+        if not records:
+            raise ValueError("an empty batch needs an explicit base_offset")
+        base_offset = records[0].offset
+    previous = base_offset - 1
+    for r in records:
+        if r.offset <= previous:
+            raise ValueError(f"offsets must be strictly increasing (got {r.offset} after {previous})")
+        if r.offset - base_offset > INT32_MAX:
+            raise ValueError(f"offset {r.offset} is too far from base offset {base_offset}")
+        if r.timestamp < 0 and r.timestamp != NO_TIMESTAMP:
+            raise ValueError(f"invalid negative timestamp {r.timestamp}")
+        previous = r.offset
+    if last_offset_delta is None:
+        last_offset_delta = records[-1].offset - base_offset if records else 0
+    if records and records[-1].offset - base_offset > last_offset_delta:
+        raise ValueError("last_offset_delta is below the last record's offset")
+    if delete_horizon_ms is not None:
+        base_timestamp = delete_horizon_ms
+    else:
+        base_timestamp = records[0].timestamp if records else NO_TIMESTAMP
+    if max_timestamp is None:
+        max_timestamp = max((r.timestamp for r in records), default=NO_TIMESTAMP)
+    body = b"".join(
+        encode_record(r.offset - base_offset, r.timestamp - base_timestamp, r.key, r.value, r.headers) for r in records
+    )
+    return assemble_batch(
+        base_offset=base_offset,
+        last_offset_delta=last_offset_delta,
+        attributes=_attributes(
+            compression, timestamp_type, is_transactional, is_control, delete_horizon_ms is not None
+        ),
+        base_timestamp=base_timestamp,
+        max_timestamp=max_timestamp,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        records_count=len(records),
+        records=body,
+        partition_leader_epoch=partition_leader_epoch,
+    )
+
+
+def build_control_batch(
+    marker: ControlRecordType,
+    *,
+    offset: int,
+    producer_id: int,
+    producer_epoch: int,
+    coordinator_epoch: int,
+    timestamp: int,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+) -> bytes:
+    """A transaction marker batch as a partition leader writes it (78 bytes)."""
+    if marker not in (ControlRecordType.ABORT, ControlRecordType.COMMIT):
+        raise ValueError(f"not an end-transaction marker: {marker!r}")
+    record = Record(offset, timestamp, marker.key_bytes(), EndTxnMarker(marker, coordinator_epoch).value_bytes())
+    return build_batch(
+        [record],
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        is_transactional=True,
+        is_control=True,
+        partition_leader_epoch=partition_leader_epoch,
+    )
+
+
+def build_empty_batch(header: BatchHeader) -> bytes:
+    """The header Kafka keeps when a batch must stay but none of its records do
+    (RETAIN_EMPTY, ``DefaultRecordBatch.writeEmptyHeader``): original offsets, producer
+    fields, leader epoch and maxTimestamp; no compression, no delete horizon, base
+    timestamp -1, zero records."""
+    timestamp_type = (
+        TimestampType.LOG_APPEND_TIME if header.attributes & Attributes.LOG_APPEND_TIME else TimestampType.CREATE_TIME
+    )
+    attributes = _attributes(CompressionType.NONE, timestamp_type, header.is_transactional, header.is_control, False)
+    return assemble_batch(
+        base_offset=header.base_offset,
+        last_offset_delta=header.last_offset_delta,
+        attributes=attributes,
+        base_timestamp=NO_TIMESTAMP,
+        max_timestamp=header.max_timestamp,
+        producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence,
+        records_count=0,
+        records=b"",
+        partition_leader_epoch=header.partition_leader_epoch,
+    )
+
+
+def rebuild_batch(columns: RecordColumns, batch: int, rows: np.ndarray, *, delete_horizon_ms: int | None) -> bytes:
+    """Re-encode v2 batch ``batch`` of ``columns`` keeping only ``rows`` (record rows of
+    that batch, ascending). KAFKA_NOTES §9.8:
+
+    - base offset and lastOffsetDelta stay (a consumer steps past removed tail records by
+      the batch's last offset), as do codec, timestamp type, transactional and control
+      flags, producer id/epoch/base sequence and partition leader epoch;
+    - base timestamp = the delete horizon if any, else the first kept record's timestamp;
+      every record's timestampDelta is re-based on it, so readers see unchanged
+      timestamps; maxTimestamp = max of kept timestamps (CreateTime) or the original
+      (LogAppendTime, where records read as the batch's maxTimestamp);
+    - each kept record's body (offsetDelta .. headers) is copied byte for byte.
+    """
+    batches = columns.batches
+    header = batches.header(batch)
+    rows = np.asarray(rows, dtype=np.int64)
+    timestamps = columns.timestamps[rows]
+    log_append = bool(header.attributes & Attributes.LOG_APPEND_TIME)
+    if delete_horizon_ms is not None:
+        base_timestamp = delete_horizon_ms
+    else:
+        base_timestamp = int(timestamps[0]) if rows.size else NO_TIMESTAMP
+    if log_append:
+        max_timestamp = header.max_timestamp
+    else:
+        max_timestamp = int(timestamps.max()) if rows.size else NO_TIMESTAMP
+    deltas = timestamps - base_timestamp
+    section = _reencode_records(columns, rows, deltas)
+    timestamp_type = TimestampType.LOG_APPEND_TIME if log_append else TimestampType.CREATE_TIME
+    attributes = _attributes(
+        header.compression, timestamp_type, header.is_transactional, header.is_control, delete_horizon_ms is not None
+    )
+    return assemble_batch(
+        base_offset=header.base_offset,
+        last_offset_delta=header.last_offset_delta,
+        attributes=attributes,
+        base_timestamp=base_timestamp,
+        max_timestamp=max_timestamp,
+        producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence,
+        records_count=int(rows.size),
+        records=section,
+        partition_leader_epoch=header.partition_leader_epoch,
+    )
+
+
+def ragged_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + n)`` for each (s, n), without a Python loop."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    shift = np.repeat(np.asarray(starts, dtype=np.int64) - (ends - lengths), lengths)
+    return np.arange(total, dtype=np.int64) + shift
+
+
+def _reencode_records(columns: RecordColumns, rows: np.ndarray, deltas: np.ndarray) -> bytes:
+    """The kept records, each as ``length | attributes 0 | timestampDelta | body``.
+
+    When no delta changes (nothing before the first kept record was dropped and no
+    horizon is stamped) the records are copied whole. Otherwise the new prefixes are
+    encoded as a column and scattered between the copied bodies.
+    """
+    if rows.size == 0:
+        return b""
+    raw = np.frombuffer(columns.data, dtype=np.uint8)
+    if np.array_equal(deltas, columns.timestamp_delta[rows]):
+        starts = columns.start[rows]
+        return raw[ragged_ranges(starts, columns.end[rows] - starts)].tobytes()
+    body_start = columns.body_start[rows]
+    body_len = columns.end[rows] - body_start
+    delta_bytes, delta_size = encode_varints(deltas)
+    record_len = 1 + delta_size + body_len
+    len_bytes, len_size = encode_varints(record_len)
+    prefix_matrix = np.concatenate([len_bytes, np.zeros((rows.size, 1), dtype=np.uint8), delta_bytes], axis=1)
+    col = np.arange(prefix_matrix.shape[1])
+    keep = np.concatenate(
+        [
+            col[None, :10] < len_size[:, None],
+            np.ones((rows.size, 1), dtype=bool),
+            col[None, :10] < delta_size[:, None],
+        ],
+        axis=1,
+    )
+    prefix = prefix_matrix[keep]
+    prefix_len = len_size + 1 + delta_size
+    total_len = prefix_len + body_len
+    out_start = np.cumsum(total_len) - total_len
+    out = np.empty(int(total_len.sum()), dtype=np.uint8)
+    out[ragged_ranges(out_start, prefix_len)] = prefix
+    out[ragged_ranges(out_start + prefix_len, body_len)] = raw[ragged_ranges(body_start, body_len)]
+    return out.tobytes()
