@@ -1,0 +1,504 @@
+"""One log segment: ``<base>.log`` and its ``.index``, ``.timeindex`` and ``.txnindex``
+(Kafka's ``LogSegment``).
+
+Indexes are loaded lazily and kept in memory: a partition can have thousands of segments
+and most operations (grouping, eligibility, status) need only sizes and timestamps.
+Files are opened per read, never kept open, except the ``.log`` of a segment being
+appended to.
+
+Index entries follow Kafka 4.1's per-batch rule (KAFKA-806, KAFKA_NOTES §2.2), which is
+also what ``LogSegment.recover`` has always done: before each batch, if more than
+``index.interval.bytes`` were appended since the last entry, add ``(batch.lastOffset,
+batch position)`` to the offset index and ``(max timestamp so far, its offset)`` to the
+time index.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from cleaner.errors import CorruptDataError, CorruptIndexError, CorruptRecordError, LogSegmentOffsetOverflowError
+from cleaner.records.batch import INT32_MAX, NO_TIMESTAMP
+from cleaner.records.scan import Batches, ScanResult, scan_batches
+from cleaner.storage import files
+from cleaner.storage.index import DEFAULT_MAX_INDEX_SIZE, AbortedTxn, OffsetIndex, TimeIndex, TransactionIndex
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+TXN_INDEX_SUFFIX = ".txnindex"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+DELETED_SUFFIX = ".deleted"
+SEGMENT_FILE_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
+DEFAULT_INDEX_INTERVAL_BYTES = 4096
+DEFAULT_READ_CHUNK = 1 << 20
+
+
+def file_name(base_offset: int, suffix: str) -> str:
+    """``00000000000000012345.log``: the base offset as 20 zero-padded digits."""
+    return f"{base_offset:020d}{suffix}"
+
+
+def offset_from_file_name(name: str) -> int:
+    """Kafka's ``Long.parseLong(name.substring(0, name.indexOf('.')))``."""
+    return int(name[: name.index(".")])
+
+
+class _Indexer:
+    """Kafka's rule for index entries over a stream of appended batches (KAFKA_NOTES §2.2):
+    before each batch, if more than ``interval`` bytes went by since the last entry, add
+    ``(batch.lastOffset, position)`` and ``(max timestamp so far, its offset)``."""
+
+    def __init__(
+        self, offset_index: OffsetIndex, time_index: TimeIndex, interval: int, max_ts: tuple[int, int]
+    ) -> None:
+        self.offset_index = offset_index
+        self.time_index = time_index
+        self.interval = interval
+        self.max_timestamp, self.offset_of_max_timestamp = max_ts
+        self.bytes_since_last_entry = 0
+
+    def add(self, batches: Batches) -> None:
+        max_ts, max_ts_offset = self.max_timestamp, self.offset_of_max_timestamp
+        since = self.bytes_since_last_entry
+        interval = self.interval
+        index_offsets: list[int] = []
+        index_positions: list[int] = []
+        time_entries: list[tuple[int, int]] = []
+        for position, size, last, ts in zip(
+            batches.file_positions.tolist(),
+            batches.sizes.tolist(),
+            batches.last_offsets.tolist(),
+            batches.max_timestamps.tolist(),
+            strict=True,
+        ):
+            if ts > max_ts:
+                max_ts, max_ts_offset = ts, last
+            if since > interval:
+                index_offsets.append(last)
+                index_positions.append(position)
+                time_entries.append((max_ts, max_ts_offset))
+                since = 0
+            since += size
+        if index_offsets:
+            self.offset_index.append_many(index_offsets, index_positions)
+            for ts, off in time_entries:
+                self.time_index.maybe_append(ts, off)
+        self.bytes_since_last_entry = since
+        self.max_timestamp, self.offset_of_max_timestamp = max_ts, max_ts_offset
+
+
+class LogSegment:
+    """A segment's files in ``directory``, all named ``<base><kind><suffix>``, where
+    ``suffix`` is "" for a live segment, ".cleaned" or ".swap" during a replace."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        base_offset: int,
+        *,
+        suffix: str = "",
+        index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
+        max_index_size: int = DEFAULT_MAX_INDEX_SIZE,
+        offset_index: OffsetIndex | None = None,
+        time_index: TimeIndex | None = None,
+        txn_index: TransactionIndex | None = None,
+        size: int | None = None,
+    ) -> None:
+        self.dir = Path(directory)
+        self.base_offset = base_offset
+        self.suffix = suffix
+        self.index_interval_bytes = index_interval_bytes
+        self.max_index_size = max_index_size
+        self._offset_index = offset_index
+        self._time_index = time_index
+        self._txn_index = txn_index
+        self._size = size
+        self._indexer: _Indexer | None = None
+        self._append_file = None
+
+    # -- files --------------------------------------------------------------------------
+    def path(self, kind: str) -> Path:
+        return self.dir / file_name(self.base_offset, kind + self.suffix)
+
+    @property
+    def log_path(self) -> Path:
+        return self.path(LOG_SUFFIX)
+
+    @property
+    def index_path(self) -> Path:
+        return self.path(INDEX_SUFFIX)
+
+    @property
+    def time_index_path(self) -> Path:
+        return self.path(TIME_INDEX_SUFFIX)
+
+    @property
+    def txn_index_path(self) -> Path:
+        return self.path(TXN_INDEX_SUFFIX)
+
+    @classmethod
+    def create(
+        cls,
+        directory: str | os.PathLike[str],
+        base_offset: int,
+        *,
+        suffix: str = "",
+        index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
+        max_index_size: int = DEFAULT_MAX_INDEX_SIZE,
+    ) -> LogSegment:
+        """A new empty segment; its ``.log`` exists at once (an empty file), its indexes are
+        written by ``flush``. Stale files of the same name are replaced (Kafka deletes
+        leftover ``.cleaned`` files before creating a cleaned segment)."""
+        seg = cls(
+            directory,
+            base_offset,
+            suffix=suffix,
+            index_interval_bytes=index_interval_bytes,
+            max_index_size=max_index_size,
+            offset_index=None,
+            time_index=None,
+            txn_index=None,
+            size=0,
+        )
+        for kind in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
+            files.remove(seg.path(kind))
+        files.write_file(seg.log_path, b"", fsync=False)
+        seg._offset_index = OffsetIndex(base_offset, max_index_size, path=seg.index_path)
+        seg._time_index = TimeIndex(base_offset, max_index_size, path=seg.time_index_path)
+        seg._txn_index = TransactionIndex(base_offset, path=seg.txn_index_path)
+        return seg
+
+    @property
+    def size(self) -> int:
+        """Bytes in the ``.log``."""
+        if self._size is None:
+            self._size = self.log_path.stat().st_size
+        return self._size
+
+    def refresh_size(self) -> int:
+        self._size = None
+        return self.size
+
+    @property
+    def last_modified_ms(self) -> int:
+        return self.log_path.stat().st_mtime_ns // 1_000_000
+
+    def set_last_modified(self, ms: int) -> None:
+        """The cleaner copies the last source segment's mtime onto its output: mtime is the
+        legacy tombstone clock and the retention clock of segments without timestamps.
+        Kafka sets it on the log, offset index and time index (not the txn index)."""
+        for path in (self.log_path, self.index_path, self.time_index_path):
+            if path.exists():
+                files.set_mtime_ms(path, ms)
+
+    # -- indexes ------------------------------------------------------------------------
+    @property
+    def offset_index(self) -> OffsetIndex:
+        if self._offset_index is None:
+            self._offset_index = self._load_or_rebuild(OffsetIndex, self.index_path)
+        return self._offset_index
+
+    @property
+    def time_index(self) -> TimeIndex:
+        if self._time_index is None:
+            if self.time_index_path.exists():
+                self._time_index = self._load_or_rebuild(TimeIndex, self.time_index_path)
+            else:
+                # Kafka creates an empty one and does not rebuild it (KAFKA_NOTES §2.3).
+                self._time_index = TimeIndex(self.base_offset, self.max_index_size, path=self.time_index_path)
+        return self._time_index
+
+    @property
+    def txn_index(self) -> TransactionIndex:
+        if self._txn_index is None:
+            self._txn_index = TransactionIndex.read(self.txn_index_path, self.base_offset, missing_ok=True)
+        return self._txn_index
+
+    def _load_or_rebuild(self, cls: type, path: Path):
+        try:
+            return cls.read(path, self.base_offset, max_index_size=self.max_index_size)
+        except FileNotFoundError:
+            pass
+        except CorruptIndexError:
+            pass
+        # Missing or unreadable (e.g. an untrimmed index left by an unclean shutdown):
+        # rebuild it from the log in memory; the loader decides whether to write it.
+        indexer, _ = self.build_indexes()
+        self._offset_index, self._time_index = indexer.offset_index, indexer.time_index
+        return self._offset_index if cls is OffsetIndex else self._time_index
+
+    def has_valid_index_files(self) -> bool:
+        """Whether both index files exist and read without error (what a loader checks
+        before trusting a segment below the recovery point)."""
+        try:
+            OffsetIndex.read(self.index_path, self.base_offset, max_index_size=self.max_index_size)
+            TimeIndex.read(self.time_index_path, self.base_offset, max_index_size=self.max_index_size)
+        except (FileNotFoundError, CorruptIndexError):
+            return False
+        return True
+
+    @property
+    def indexer(self) -> _Indexer:
+        if self._indexer is None:
+            # A segment opened from disk takes its running maximum from the last time-index
+            # entry (Kafka reads it lazily there) and starts counting index bytes at 0.
+            index = self.time_index
+            max_ts = index.last_entry if index.entries else (NO_TIMESTAMP, self.base_offset)
+            self._indexer = _Indexer(self.offset_index, index, self.index_interval_bytes, max_ts)
+        return self._indexer
+
+    @property
+    def max_timestamp_so_far(self) -> int:
+        return self.indexer.max_timestamp
+
+    @property
+    def offset_of_max_timestamp_so_far(self) -> int:
+        return self.indexer.offset_of_max_timestamp
+
+    @property
+    def largest_timestamp(self) -> int:
+        """Drives retention.ms and the compaction lags; falls back to the file's mtime."""
+        ts = self.max_timestamp_so_far
+        return ts if ts >= 0 else self.last_modified_ms
+
+    # -- reading ------------------------------------------------------------------------
+    def read(self, position: int, size: int) -> bytes:
+        with open(self.log_path, "rb") as f:
+            return os.pread(f.fileno(), size, position)
+
+    def iter_batches(
+        self, position: int = 0, chunk_size: int = DEFAULT_READ_CHUNK, *, allow_truncated_tail: bool = False
+    ) -> Iterator[Batches]:
+        """The segment's batches from ``position``, a chunk at a time (one bounded buffer;
+        a single batch larger than ``chunk_size`` gets a buffer of its own size).
+
+        A truncated batch at the end raises, unless ``allow_truncated_tail`` (recovery).
+        """
+        path = str(self.log_path)
+        end = self.size
+        with open(self.log_path, "rb") as f:
+            fd = f.fileno()
+            while position < end:
+                want = min(chunk_size, end - position)
+                buf = os.pread(fd, want, position)
+                result = scan_batches(buf, base_position=position, path=path)
+                if len(result.batches) == 0:
+                    need = result.next_entry_size
+                    if need is not None and need > want and position + need <= end:
+                        buf = os.pread(fd, need, position)
+                        result = scan_batches(buf, base_position=position, path=path)
+                    if len(result.batches) == 0:
+                        if allow_truncated_tail:
+                            return
+                        raise CorruptRecordError(
+                            f"truncated batch: {end - position} bytes left at the end of the segment"
+                            + (f", the entry there declares {need}" if need is not None else ""),
+                            path=path,
+                            position=position,
+                        )
+                yield result.batches
+                position += result.end
+
+    def read_next_offset(self) -> int:
+        """Offset after the last batch, or the base offset when empty (``readNextOffset``):
+        scans only from the last offset-index entry."""
+        _, position = self.offset_index.last_entry if self.offset_index.entries else (self.base_offset, 0)
+        next_offset = self.base_offset
+        for chunk in self.iter_batches(position, allow_truncated_tail=True):
+            if len(chunk):
+                next_offset = int(chunk.next_offsets[-1])
+        return next_offset
+
+    def first_batch(self) -> Batches | None:
+        if self.size == 0:
+            return None
+        head = self.read(0, min(self.size, DEFAULT_READ_CHUNK))
+        result = scan_batches(head, base_position=0, path=str(self.log_path), max_batches=1)
+        if len(result.batches):
+            return result.batches
+        return next(self.iter_batches(0), None)
+
+    def first_batch_timestamp(self) -> int:
+        """maxTimestamp of the first batch (``getFirstBatchTimestamp``), Long.MAX if empty."""
+        first = self.first_batch()
+        if first is None or len(first) == 0:
+            return 2**63 - 1
+        return int(first.max_timestamps[0])
+
+    # -- writing ------------------------------------------------------------------------
+    def append(self, data: bytes | bytearray | memoryview, batches: Batches | None = None) -> None:
+        """Append whole batches (their offsets already assigned) and index them.
+
+        Raises ``LogSegmentOffsetOverflowError`` if an offset does not fit this segment's
+        32-bit relative range (nothing is written then).
+        """
+        if batches is None:
+            result: ScanResult = scan_batches(data)
+            if result.end != len(data):
+                raise CorruptRecordError("append of a partial batch", position=result.end)
+            batches = result.batches
+        if len(batches) == 0:
+            return
+        largest = int(batches.last_offsets.max())
+        if largest - self.base_offset > INT32_MAX or int(batches.base_offsets.min()) < self.base_offset:
+            bad = largest if largest - self.base_offset > INT32_MAX else int(batches.base_offsets.min())
+            raise LogSegmentOffsetOverflowError(self.base_offset, bad)
+        position = self.size
+        if batches.base_position != position or int(batches.positions[0]) != 0:
+            batches = Batches(
+                batches.buffer, batches.positions - int(batches.positions[0]), batches.headers, base_position=position
+            )
+        self.indexer.add(batches)
+        if self._append_file is None:
+            self._append_file = open(self.log_path, "ab")  # noqa: SIM115 - held until close()
+        self._append_file.write(data)
+        self._append_file.flush()
+        self._size = position + len(data)
+
+    def append_aborted_txn(self, txn: AbortedTxn) -> None:
+        self.txn_index.append(txn)
+
+    def build_indexes(self) -> tuple[_Indexer, int]:
+        """Offset and time index rebuilt from the log as ``LogSegment.recover`` builds them
+        (nothing on disk changes), and the number of valid bytes: a truncated tail stops
+        the scan."""
+        indexer = self._new_indexer()
+        valid = 0
+        for chunk in self.iter_batches(0, allow_truncated_tail=True):
+            indexer.add(chunk)
+            valid = int(chunk.file_positions[-1] + chunk.sizes[-1])
+        return indexer, valid
+
+    def _new_indexer(self) -> _Indexer:
+        return _Indexer(
+            OffsetIndex(self.base_offset, self.max_index_size, path=self.index_path),
+            TimeIndex(self.base_offset, self.max_index_size, path=self.time_index_path),
+            self.index_interval_bytes,
+            (NO_TIMESTAMP, self.base_offset),
+        )
+
+    def recover(self) -> int:
+        """Kafka's ``LogSegment.recover`` for the offset and time index: check every batch
+        (framing, CRC, offsets increasing and inside the segment's range), rebuild both
+        indexes, and cut the log after the last valid batch. Returns the bytes truncated.
+
+        The transaction index is not rebuilt here: that needs the producer state of the
+        log before this segment, which only the ``Log`` has.
+        """
+        indexer = self._new_indexer()
+        valid = 0
+        previous_last = self.base_offset - 1
+        try:
+            for chunk in self.iter_batches(0, allow_truncated_tail=True):
+                bad = chunk.verify_checksums()
+                keep = len(chunk) if not bad else int(np.searchsorted(chunk.file_positions, bad[0].position))
+                for i, (base, last) in enumerate(
+                    zip(chunk.base_offsets.tolist(), chunk.last_offsets.tolist(), strict=True)
+                ):
+                    if i >= keep:
+                        break
+                    if base <= previous_last or base < self.base_offset or last - self.base_offset > INT32_MAX:
+                        keep = i
+                        break
+                    previous_last = last
+                if keep:
+                    good = chunk.select(slice(0, keep))
+                    indexer.add(good)
+                    valid = int(good.file_positions[-1] + good.sizes[-1])
+                if keep < len(chunk):
+                    break
+        except CorruptDataError:
+            pass  # the framing itself is broken: everything from the last valid batch on is cut
+        self._offset_index, self._time_index, self._indexer = indexer.offset_index, indexer.time_index, indexer
+        truncated = self.size - valid
+        if truncated:
+            self.truncate_log_file(valid)
+        return truncated
+
+    def truncate_log_file(self, size: int) -> None:
+        self.close_appender()
+        with open(self.log_path, "r+b") as f:
+            f.truncate(size)
+            files.fsync_file(f.fileno())
+        self._size = size
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch whose last offset is >= ``offset`` (Kafka's ``truncateTo``:
+        a batch holding ``offset`` goes entirely). Returns the bytes removed."""
+        position = self.size
+        for chunk in self.iter_batches(self.offset_index.lookup(offset)[1]):
+            hits = np.flatnonzero(chunk.last_offsets >= offset)
+            if hits.size:
+                position = int(chunk.file_positions[hits[0]])
+                break
+        removed = self.size - position
+        self.offset_index.truncate_to(offset)
+        self.time_index.truncate_to(offset)
+        self.txn_index.truncate_to(offset)
+        if removed:
+            self.truncate_log_file(position)
+        self._indexer = None  # the running maximum is read again from the time index
+        return removed
+
+    def on_become_inactive(self) -> None:
+        """The segment stops being appended to: write the final time-index entry
+        ``(max timestamp, its offset)`` even if the index is full (KAFKA_NOTES §2.3)."""
+        indexer = self.indexer
+        self.time_index.maybe_append(indexer.max_timestamp, indexer.offset_of_max_timestamp, skip_full_check=True)
+
+    def flush(self) -> None:
+        """Make the segment durable: ``.log`` fsynced, indexes written trimmed and fsynced,
+        ``.txnindex`` only if it has entries (or existed)."""
+        if self._append_file is not None:
+            self._append_file.flush()
+            files.fsync_file(self._append_file.fileno())
+        else:
+            files.fsync_file(str(self.log_path))
+        self.offset_index.write_to(self.index_path)
+        self.time_index.write_to(self.time_index_path)
+        if self.txn_index.entries or self.txn_index_path.exists():
+            self.txn_index.write_to(self.txn_index_path)
+
+    def close_appender(self) -> None:
+        if self._append_file is not None:
+            self._append_file.close()
+            self._append_file = None
+
+    def close(self) -> None:
+        self.close_appender()
+
+    def change_suffix(self, new_suffix: str) -> None:
+        """Rename every file of the segment (``.log`` first, then the indexes, as Kafka's
+        ``changeFileSuffixes`` does). The ``.log`` must exist: renaming a segment that is
+        not there would let a swap go on without its data. Index files may be absent
+        (Kafka tolerates a missing ``.timeindex`` and ``.txnindex``)."""
+        self.close_appender()
+        for kind in SEGMENT_FILE_SUFFIXES:
+            old = self.path(kind)
+            new = self.dir / file_name(self.base_offset, kind + new_suffix)
+            if kind == LOG_SUFFIX or old.exists():
+                files.rename(old, new)
+        self.suffix = new_suffix
+        for index, kind in (
+            (self._offset_index, INDEX_SUFFIX),
+            (self._time_index, TIME_INDEX_SUFFIX),
+            (self._txn_index, TXN_INDEX_SUFFIX),
+        ):
+            if index is not None:
+                index.path = str(self.path(kind))
+
+    def delete_files(self) -> None:
+        self.close_appender()
+        for kind in SEGMENT_FILE_SUFFIXES:
+            files.remove(self.path(kind))
+
+    def __repr__(self) -> str:
+        return (
+            f"LogSegment(baseOffset={self.base_offset}, size={self._size}, dir={self.dir.name}, suffix={self.suffix!r})"
+        )
