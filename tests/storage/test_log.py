@@ -4,7 +4,6 @@ crash-safe segment swap."""
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import subprocess
@@ -13,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from faults import StepFaults
 from kafka_logs import batch_of, broker_view, read_records, snapshot_dir, write_log
 
 from cleaner.errors import LogCleaningAbortedError, LogSegmentOffsetOverflowError
@@ -20,7 +20,6 @@ from cleaner.records.batch import INT32_MAX
 from cleaner.records.builder import build_control_batch
 from cleaner.records.columns import decode_records
 from cleaner.records.control import ControlRecordType
-from cleaner.storage import files
 from cleaner.storage.index import AbortedTxn, OffsetIndex, TimeIndex
 from cleaner.storage.loader import plan_startup
 from cleaner.storage.log import Log, LogConfig
@@ -210,7 +209,7 @@ def test_read_only_open_sees_the_committed_swap_and_changes_nothing(tmp_path: Pa
     before = snapshot_dir(log.dir)
     view = Log.open(log.dir, SMALL, read_only=True)
     assert view.pending_startup
-    assert [s.base_offset for s in view.segments][0] == old[0].base_offset
+    assert view.segments[0].base_offset == old[0].base_offset
     expected = broker_view(log.dir, SMALL)
     assert read_records(view) == expected
     assert snapshot_dir(log.dir) == before
@@ -264,29 +263,16 @@ def test_truncation_during_a_clean_aborts_the_swap(tmp_path: Path) -> None:
     assert not [n for n in os.listdir(log.dir) if n.endswith((".cleaned", ".swap", ".deleted"))]
 
 
-def _count_steps(tmp_path: Path) -> int:
+def _count_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
     log, old, cleaned = _prepare_replace(tmp_path / "count")
-    calls = {"n": 0}
-    real_rename, real_fsync_dir = files.rename, files.fsync_dir
-
-    def rename(*a):
-        calls["n"] += 1
-        return real_rename(*a)
-
-    def fsync_dir(*a):
-        calls["n"] += 1
-        return real_fsync_dir(*a)
-
-    files.rename, files.fsync_dir = rename, fsync_dir
-    try:
+    with monkeypatch.context() as m:
+        counter = StepFaults().install(m)
         log.replace_segments([cleaned], old)
-    finally:
-        files.rename, files.fsync_dir = real_rename, real_fsync_dir
-    return calls["n"]
+    return counter.calls
 
 
 def test_a_failure_at_any_step_leaves_old_or_new_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    steps = _count_steps(tmp_path)
+    steps = _count_steps(tmp_path, monkeypatch)
     assert steps >= 8
     outcomes = set()
     for fail_at in range(1, steps + 1):
@@ -294,24 +280,10 @@ def test_a_failure_at_any_step_leaves_old_or_new_records(tmp_path: Path, monkeyp
         log, old, cleaned = _prepare_replace(case)
         old_records = read_records(log)
         new_records = _expected_after_replace(case, log, old, cleaned)
-        calls = {"n": 0}
-        real_rename, real_fsync_dir = files.rename, files.fsync_dir
-
-        def failing(real):
-            def wrapper(*a):
-                calls["n"] += 1
-                if calls["n"] == fail_at:
-                    raise OSError(errno.EIO, "injected I/O error")
-                return real(*a)
-
-            return wrapper
-
-        monkeypatch.setattr(files, "rename", failing(real_rename))
-        monkeypatch.setattr(files, "fsync_dir", failing(real_fsync_dir))
-        with pytest.raises(OSError):
-            log.replace_segments([cleaned], old)
-        monkeypatch.setattr(files, "rename", real_rename)
-        monkeypatch.setattr(files, "fsync_dir", real_fsync_dir)
+        with monkeypatch.context() as m:
+            StepFaults(at=fail_at).install(m)
+            with pytest.raises(OSError):
+                log.replace_segments([cleaned], old)
         view = broker_view(log.dir, SMALL)
         assert view in (old_records, new_records), f"failure at step {fail_at}"
         outcomes.add("old" if view == old_records else "new")
@@ -337,8 +309,7 @@ KILL_CHILD = textwrap.dedent(
     from pathlib import Path
     sys.path.insert(0, sys.argv[3])
     from test_log import SMALL, _make_cleaned
-    from cleaner.storage import files
-    from cleaner.storage.log import Log
+        from cleaner.storage.log import Log
 
     directory, kill_at = Path(sys.argv[1]), int(sys.argv[2])
     log = Log.open(directory, SMALL)
@@ -358,9 +329,9 @@ KILL_CHILD = textwrap.dedent(
 )
 
 
-def test_sigkill_at_any_step_leaves_old_or_new_records(tmp_path: Path) -> None:
+def test_sigkill_at_any_step_leaves_old_or_new_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same swap in a child process killed with SIGKILL at each rename/fsync."""
-    steps = _count_steps(tmp_path)
+    steps = _count_steps(tmp_path, monkeypatch)
     here = str(Path(__file__).parent)
     tests_root = str(Path(__file__).parent.parent)
     for kill_at in range(1, steps + 1):
