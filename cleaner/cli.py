@@ -10,12 +10,16 @@ from __future__ import annotations
 import click
 
 from cleaner import __version__
+from cleaner.dump import dump
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kafka-cleaner")
 def main() -> None:
     """Apache Kafka's log cleaner (log compaction), byte-compatible with Kafka."""
+
+
+main.add_command(dump)
 
 
 if __name__ == "__main__":  # pragma: no cover

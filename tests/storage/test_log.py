@@ -309,7 +309,8 @@ KILL_CHILD = textwrap.dedent(
     from pathlib import Path
     sys.path.insert(0, sys.argv[3])
     from test_log import SMALL, _make_cleaned
-        from cleaner.storage.log import Log
+    from cleaner.storage import files
+    from cleaner.storage.log import Log
 
     directory, kill_at = Path(sys.argv[1]), int(sys.argv[2])
     log = Log.open(directory, SMALL)
