@@ -157,9 +157,7 @@ def _peer_batches(path: pathlib.Path) -> list[dict]:
     while (batch := memory.next_batch()) is not None:
         assert isinstance(batch, DefaultRecordBatch), path
         assert batch.validate_crc(), path
-        recs = [
-            (r.offset, -1 if r.key is None else len(r.key), -1 if r.value is None else len(r.value)) for r in batch
-        ]
+        recs = [(r.offset, -1 if r.key is None else len(r.key), -1 if r.value is None else len(r.value)) for r in batch]
         out.append({"base": batch.base_offset, "last": batch.last_offset, "crc": batch.crc, "records": recs})
     return out
 
