@@ -305,6 +305,7 @@ class Log:
             files.fsync_dir(self.dir)
             for seg in segments:
                 seg.delete_files()
+                files.remove(self.dir / snapshot_file_name(seg.base_offset))
             self.generation += 1
 
     # -- the cleaner's swap ---------------------------------------------------------------

@@ -1,0 +1,609 @@
+"""One cleaning round of one log (Kafka's ``Cleaner``, KAFKA_NOTES §9).
+
+1. Build the offset map over the cleanable section [first dirty, first uncleanable),
+   skipping aborted transactions; the round ends at the map's latest offset + 1 (less
+   than the first uncleanable offset when the map fills up, §9.2).
+2. Group every segment below that end offset (the clean tail too, §5) and rewrite each
+   group into one ``.cleaned`` segment, batch by batch: batch retention (§9.6: aborted
+   data, the last batch of each active producer, the last batch of the round), record
+   retention (§9.5: latest value per key, tombstones until their delete horizon), the
+   transaction-marker lifecycle (§9.7) and the exact re-encoding rules (§9.8: verbatim
+   copy when nothing changes).
+3. Swap the group in with the crash-safe protocol (§9.10) and report the end offset,
+   which the manager writes to ``cleaner-offset-checkpoint``.
+
+The work is columnar: a read chunk's records are decoded as columns, their keys hashed
+and looked up in the map at once, and batches that keep every record are copied as
+contiguous byte runs. Python loops over batches only where Kafka's rules are sequential
+(the transaction state machine, batches that must be re-encoded).
+
+Decisions where Kafka's behaviour left a choice, each safe in the direction of keeping
+data:
+
+- Besides the round's last batch (KAFKA-17076), the last batch of every *group* is kept
+  (as an empty header if nothing of it survives). Kafka's swap recovery deletes old
+  files only in [new base, new next offset): a crash between the swap's commit and the
+  renaming of the old segments would otherwise leave a group's trailing old segments on
+  disk - including records a tombstone removed in this very round (a resurrection). This
+  is KAFKA_NOTES §14 step 8's "optional hardening".
+- Legacy (v0/v1) batches are rewritten as v2, as Kafka 4.0 does (KAFKA-13093).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cleaner.clock import Time
+from cleaner.errors import CorruptRecordError, LogCleaningAbortedError
+from cleaner.records.batch import TimestampType
+from cleaner.records.builder import build_batch, build_empty_batch, rebuild_batch
+from cleaner.records.columns import RecordColumns, decode_records
+from cleaner.records.control import ControlRecordType
+from cleaner.records.record import Record
+from cleaner.records.scan import Batches, scan_batches
+from cleaner.storage.log import Log
+from cleaner.storage.producer_state import ActiveProducer
+from cleaner.storage.segment import LogSegment
+from cleaner.storage.topic_partition import TopicPartition
+
+from .grouping import group_segments_by_size
+from .offset_map import OffsetMap, digest_keys
+from .stats import CleanerStats
+from .throttler import Throttler
+from .transactions import CleanedTransactionMetadata
+
+log = logging.getLogger("cleaner.engine.cleaner")
+
+
+@dataclass
+class LogToClean:
+    """A log chosen for cleaning and what the manager computed about it (§6.5)."""
+
+    log: Log
+    topic_partition: TopicPartition
+    first_dirty_offset: int
+    first_uncleanable_offset: int
+    needs_compaction_now: bool = False
+    clean_bytes: int = 0
+    cleanable_bytes: int = 0
+    delete_retention_ms: int = 86_400_000
+    active_producers: dict[int, ActiveProducer] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.clean_bytes + self.cleanable_bytes
+
+    @property
+    def cleanable_ratio(self) -> float:
+        return self.cleanable_bytes / self.total_bytes if self.total_bytes else 0.0
+
+
+class Cleaner:
+    """The cleaning logic of one cleaner thread, with its own offset map and I/O buffers."""
+
+    def __init__(
+        self,
+        cleaner_id: int,
+        offset_map: OffsetMap,
+        io_buffer_size: int,
+        max_io_buffer_size: int,
+        throttler: Throttler,
+        time: Time,
+        check_done: Callable[[TopicPartition], None] = lambda tp: None,
+    ) -> None:
+        self.id = cleaner_id
+        self.offset_map = offset_map
+        self.io_buffer_size = max(io_buffer_size, 1)
+        self.max_io_buffer_size = max_io_buffer_size
+        self.read_capacity = self.io_buffer_size
+        self.throttler = throttler
+        self.time = time
+        self.check_done = check_done
+
+    # -- the round --------------------------------------------------------------------------
+    def clean(self, ltc: LogToClean) -> tuple[int, CleanerStats]:
+        return self.do_clean(ltc, self.time.milliseconds())
+
+    def do_clean(self, ltc: LogToClean, now: int) -> tuple[int, CleanerStats]:
+        the_log = ltc.log
+        stats = CleanerStats(self.time)
+        if ltc.first_dirty_offset >= ltc.first_uncleanable_offset:
+            stats.index_done()
+            stats.all_done()
+            return ltc.first_dirty_offset, stats
+        generation = the_log.generation
+        log.info("Cleaner %d: Beginning cleaning of log %s", self.id, the_log.name)
+        tail = [s for s in the_log.segments if s.base_offset < ltc.first_dirty_offset]
+        legacy_delete_horizon_ms = tail[-1].last_modified_ms - ltc.delete_retention_ms if tail else 0
+        log.info("Cleaner %d: Building offset map for %s...", self.id, the_log.name)
+        self.build_offset_map(ltc, stats)
+        end_offset = self.offset_map.latest_offset + 1
+        stats.index_done()
+        segments = [s for s in the_log.segments if s.base_offset < end_offset]
+        groups = group_segments_by_size(
+            segments,
+            the_log.config.segment_bytes,
+            the_log.config.segment_index_bytes,
+            ltc.first_uncleanable_offset,
+        )
+        transactions = CleanedTransactionMetadata()
+        for group in groups:
+            self.clean_segments(ltc, group, now, stats, transactions, legacy_delete_horizon_ms, generation)
+        stats.buffer_utilization = self.offset_map.utilization
+        stats.all_done()
+        return end_offset, stats
+
+    # -- reading with Kafka's buffer rules ---------------------------------------------------
+    def _chunks(self, segment: LogSegment, position: int, max_message_bytes: int) -> Iterator[Batches]:
+        """The segment's complete batches from ``position``, one read buffer at a time.
+
+        A buffer holding no complete batch grows per ``growBuffersOrFail`` (to the topic's
+        max.message.bytes, then to the next batch's size - a batch larger than the topic
+        limit is legal, KAFKA-6834 - and a batch running past the end of the segment is
+        corruption); after the segment the buffers shrink back (``restoreBuffers``).
+        """
+        path = str(segment.log_path)
+        try:
+            while position < segment.size:
+                buf = segment.read(position, self.read_capacity)
+                result = scan_batches(buf, base_position=position, path=path)
+                if len(result.batches) == 0:
+                    self._grow_buffers_or_fail(segment, position, max_message_bytes, result.next_entry_size)
+                    continue
+                self.throttler.maybe_throttle(result.end)
+                yield result.batches
+                position += result.end
+        finally:
+            self.read_capacity = self.io_buffer_size
+
+    def _grow_buffers_or_fail(
+        self, segment: LogSegment, position: int, max_message_bytes: int, next_size: int | None
+    ) -> None:
+        where = f"log segment {segment.log_path} at position {position}"
+        if self.read_capacity >= max_message_bytes:
+            if next_size is None:
+                raise CorruptRecordError(
+                    f"could not determine the next batch size for {where}", path=segment.log_path, position=position
+                )
+            if next_size <= self.read_capacity:
+                raise CorruptRecordError(
+                    f"batch of {next_size} bytes fits the buffer but was not read, {where}",
+                    path=segment.log_path,
+                    position=position,
+                )
+            left = segment.size - position
+            if next_size > left:
+                raise CorruptRecordError(
+                    f"log segment may be corrupt: batch size {next_size} > {left} bytes left in segment",
+                    path=segment.log_path,
+                    position=position,
+                )
+            target = next_size
+        else:
+            target = max_message_bytes
+        limit = max(target, self.max_io_buffer_size)
+        if self.read_capacity >= limit:
+            raise CorruptRecordError(
+                f"this log contains a message larger than the maximum allowable size of {limit}",
+                path=segment.log_path,
+                position=position,
+            )
+        new_size = min(self.read_capacity * 2, limit)
+        log.info(
+            "Cleaner %d: Growing cleaner I/O buffers from %d bytes to %d bytes.", self.id, self.read_capacity, new_size
+        )
+        self.read_capacity = new_size
+
+    # -- phase 1: the offset map ------------------------------------------------------------
+    def build_offset_map(self, ltc: LogToClean, stats: CleanerStats) -> None:
+        start, end = ltc.first_dirty_offset, ltc.first_uncleanable_offset
+        the_log = ltc.log
+        self.offset_map.clear(start)
+        dirty = the_log.segments_between(start, end)
+        next_starts = [s.base_offset for s in dirty[1:]] + [end]
+        transactions = CleanedTransactionMetadata()
+        transactions.add_aborted_transactions(the_log.collect_aborted_transactions(start, end))
+        for segment, next_start in zip(dirty, next_starts, strict=True):
+            self.check_done(ltc.topic_partition)
+            if self._map_segment(ltc, segment, start, next_start, transactions, stats):
+                log.debug(
+                    "Cleaner %d: offset map is full; segment %d is partially mapped", self.id, segment.base_offset
+                )
+                return
+
+    def _map_segment(
+        self,
+        ltc: LogToClean,
+        segment: LogSegment,
+        start: int,
+        next_start: int,
+        transactions: CleanedTransactionMetadata,
+        stats: CleanerStats,
+    ) -> bool:
+        position = segment.offset_index.lookup(start)[1]
+        max_message_bytes = ltc.log.config.max_message_bytes
+        for chunk in self._chunks(segment, position, max_message_bytes):
+            self.check_done(ltc.topic_partition)
+            stats.map_bytes_read += int(chunk.sizes.sum())
+            if self._map_chunk(chunk, start, transactions, stats):
+                return True
+        self.offset_map.update_latest_offset(next_start - 1)  # offset gaps (KAFKA-8764)
+        return False
+
+    def _map_chunk(
+        self, chunk: Batches, start: int, transactions: CleanedTransactionMetadata, stats: CleanerStats
+    ) -> bool:
+        """Put the chunk's keys in the map in record order; True if the map filled up.
+
+        Kafka's loop puts each key and, after each batch, sets the map's latest offset to
+        the batch's last offset; when the map is full it stops at that key. So the latest
+        offset ends as the largest of the puts and completed batches before the stop.
+        """
+        aborted = _run_transactions(chunk, _control_types(chunk), transactions)
+        skipped = aborted | chunk.is_control
+        stats.map_messages_read += int(chunk.records_counts[skipped].sum())
+        keys = _keyed_records(chunk, ~skipped, start)
+        omap = self.offset_map
+        lasts = chunk.last_offsets
+        # A key beyond what this round's map can address (32-bit relative offsets) ends
+        # the round before it, exactly as a full map does.
+        addressable = int(np.searchsorted(keys.offsets, omap.offset_limit, side="right"))
+        put = omap.put_many(keys.digests[:addressable], keys.offsets[:addressable]) if addressable else 0
+        if put == len(keys.offsets):
+            stats.map_messages_read += int(chunk.records_counts[~skipped].sum())
+            relevant = lasts[lasts >= start]
+            if relevant.size:
+                omap.update_latest_offset(max(omap.latest_offset, int(relevant.max())))
+            return False
+        stop_offset = int(keys.offsets[put])
+        stats.map_messages_read += put
+        completed = lasts[(lasts < stop_offset) & (lasts >= start)]
+        latest = [omap.latest_offset]
+        if put:
+            latest.append(int(keys.offsets[put - 1]))
+        if completed.size:
+            latest.append(int(completed.max()))
+        omap.update_latest_offset(max(latest))
+        return True
+
+    # -- phase 2: rewriting ----------------------------------------------------------------
+    def clean_segments(
+        self,
+        ltc: LogToClean,
+        group: list[LogSegment],
+        now: int,
+        stats: CleanerStats,
+        transactions: CleanedTransactionMetadata,
+        legacy_delete_horizon_ms: int,
+        generation: int,
+    ) -> None:
+        the_log = ltc.log
+        cleaned = the_log.new_cleaned_segment(group[0].base_offset)
+        transactions.cleaned_index = cleaned.txn_index
+        group_end = _group_next_offset(group)
+        try:
+            for i, segment in enumerate(group):
+                upper = group[i + 1].base_offset if i + 1 < len(group) else segment.read_next_offset()
+                transactions.add_aborted_transactions(the_log.collect_aborted_transactions(segment.base_offset, upper))
+                retain_legacy_deletes = segment.last_modified_ms > legacy_delete_horizon_ms
+                log.info(
+                    "Cleaner %d: Cleaning %s in log %s into %d, %s deletes.",
+                    self.id,
+                    segment,
+                    the_log.name,
+                    cleaned.base_offset,
+                    "retaining" if retain_legacy_deletes else "discarding",
+                )
+                self._clean_into(ltc, segment, cleaned, now, stats, transactions, retain_legacy_deletes, group_end)
+            cleaned.on_become_inactive()
+            cleaned.flush()
+            cleaned.set_last_modified(group[-1].last_modified_ms)
+            self.check_done(ltc.topic_partition)
+            log.info(
+                "Cleaner %d: Swapping in cleaned segment %s for segment(s) %s in log %s",
+                self.id,
+                cleaned,
+                [s.base_offset for s in group],
+                the_log.name,
+            )
+            the_log.replace_segments([cleaned], group, expected_generation=generation)
+            stats.segments_written += 1
+            stats.groups.append(len(group))
+        except BaseException:
+            # An abort, a shutdown, a full disk: nothing of this group may stay behind.
+            cleaned.delete_files()
+            raise
+
+    def _clean_into(
+        self,
+        ltc: LogToClean,
+        source: LogSegment,
+        cleaned: LogSegment,
+        now: int,
+        stats: CleanerStats,
+        transactions: CleanedTransactionMetadata,
+        retain_legacy_deletes: bool,
+        group_end: int,
+    ) -> None:
+        for chunk in self._chunks(source, 0, ltc.log.config.max_message_bytes):
+            self.check_done(ltc.topic_partition)
+            output = self._filter_chunk(ltc, chunk, now, stats, transactions, retain_legacy_deletes, group_end)
+            stats.bytes_read += int(chunk.sizes.sum())
+            if output:
+                data = b"".join(output)
+                result = scan_batches(data)
+                cleaned.append(data, result.batches)
+                stats.bytes_written += len(data)
+                self.throttler.maybe_throttle(len(data))
+
+    def _filter_chunk(
+        self,
+        ltc: LogToClean,
+        chunk: Batches,
+        now: int,
+        stats: CleanerStats,
+        transactions: CleanedTransactionMetadata,
+        retain_legacy_deletes: bool,
+        group_end: int,
+    ) -> list[bytes | memoryview]:
+        """Kafka's ``MemoryRecords.filterTo`` with the cleaner's filter, for a whole chunk."""
+        n = len(chunk)
+        v2_rows = np.flatnonzero(chunk.is_v2)
+        columns = decode_records(chunk.select(v2_rows)) if v2_rows.size else None
+        control_types = _control_types(chunk, columns, v2_rows)
+        can_discard = _run_transactions(chunk, control_types, transactions)
+
+        # Batch retention (checkBatchRetention).
+        has_horizon = chunk.has_delete_horizon
+        horizon = np.where(has_horizon, chunk.headers["base_timestamp"], -1)
+        is_control = chunk.is_control
+        discard_records = np.where(is_control, can_discard & has_horizon & (horizon <= now), can_discard)
+        last_of_producer = _is_last_of_active_producer(chunk, ltc.active_producers)
+        next_offsets = chunk.next_offsets
+        retain_empty = last_of_producer | (next_offsets == ltc.first_uncleanable_offset) | (next_offsets == group_end)
+        delete = ~retain_empty & discard_records
+        marker_for_empty_txn = can_discard & is_control
+
+        # Record retention (shouldRetainRecord) for every record of the v2 batches at once.
+        kept_count = np.zeros(n, dtype=np.int64)
+        tombstone_kept = np.zeros(n, dtype=bool)
+        keep_rows = None
+        if columns is not None and len(columns):
+            row_batch = v2_rows[columns.batch]
+            keep_rows, invalid = self._retained_rows(columns, row_batch, is_control, has_horizon, horizon, now)
+            keep_rows &= ~discard_records[row_batch]
+            counted = ~delete[row_batch]
+            stats.messages_read += int(counted.sum())
+            stats.invalid_messages_read += int((invalid & counted).sum())
+            kept_count = np.bincount(row_batch[keep_rows], minlength=n)
+            tombstone_kept = np.bincount(row_batch[keep_rows & (columns.value_length < 0)], minlength=n) > 0
+            stats.tombstones_removed += int((counted & ~keep_rows & columns.is_tombstone).sum())
+
+        legacy_kept: dict[int, list[Record]] = {}
+        for i, entry in chunk.legacy.items():
+            if delete[i]:
+                continue
+            records = entry.records()
+            stats.messages_read += len(records)
+            kept = self._retained_legacy(records, retain_legacy_deletes, stats)
+            legacy_kept[i] = kept
+            kept_count[i] = len(kept)
+            tombstone_kept[i] = any(r.value is None for r in kept)
+
+        records_count = chunk.records_counts
+        need_horizon = (tombstone_kept | marker_for_empty_txn) & ~has_horizon
+        verbatim = chunk.is_v2 & ~delete & (kept_count > 0) & (kept_count == records_count) & ~need_horizon
+        new_horizon = now + ltc.delete_retention_ms
+
+        output: list[bytes | memoryview] = []
+        view = memoryview(chunk.buffer)
+        positions = chunk.positions.tolist()
+        sizes = chunk.sizes.tolist()
+        run_start = run_end = -1
+        for i in range(n):
+            if verbatim[i]:
+                if run_end == positions[i]:
+                    run_end += sizes[i]
+                else:
+                    if run_start >= 0:
+                        output.append(view[run_start:run_end])
+                    run_start, run_end = positions[i], positions[i] + sizes[i]
+                stats.messages_written += int(kept_count[i])
+                continue
+            if run_start >= 0:
+                output.append(view[run_start:run_end])
+                run_start = run_end = -1
+            if delete[i]:
+                continue
+            if kept_count[i] > 0:
+                if i in legacy_kept:
+                    batch = _legacy_as_v2(chunk, i, legacy_kept[i], new_horizon if need_horizon[i] else None)
+                else:
+                    horizon_ms = new_horizon if need_horizon[i] else (int(horizon[i]) if has_horizon[i] else None)
+                    assert columns is not None and keep_rows is not None
+                    v2_index = int(np.searchsorted(v2_rows, i))
+                    start, stop = (
+                        int(columns.batch_record_starts[v2_index]),
+                        int(columns.batch_record_starts[v2_index + 1]),
+                    )
+                    rows = start + np.flatnonzero(keep_rows[start:stop])
+                    batch = rebuild_batch(columns, v2_index, rows, delete_horizon_ms=horizon_ms)
+                output.append(batch)
+                stats.messages_written += int(kept_count[i])
+            elif retain_empty[i]:
+                # Kafka 4.x throws for an empty legacy batch here; an empty v2 header with
+                # the entry's offsets keeps the log end offset just as well.
+                output.append(build_empty_batch(chunk.header(i)))
+        if run_start >= 0:
+            output.append(view[run_start:run_end])
+        return output
+
+    def _retained_rows(
+        self,
+        columns: RecordColumns,
+        row_batch: np.ndarray,
+        is_control: np.ndarray,
+        has_horizon: np.ndarray,
+        horizon: np.ndarray,
+        now: int,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Which records survive (before batch-level discards), and which are invalid
+        (keyless records the map covers, which Kafka drops and counts)."""
+        offsets = columns.offsets
+        past = offsets > self.offset_map.latest_offset
+        control_row = is_control[row_batch]
+        keyed = columns.has_key
+        lookup = np.flatnonzero(~past & keyed & ~control_row)
+        keep = past | control_row
+        if lookup.size:
+            starts, ends = columns.key_spans(lookup)
+            found = self.offset_map.get_many(digest_keys(columns.data, starts, ends))
+            is_latest = offsets[lookup] >= found
+            b = row_batch[lookup]
+            keep_deletes = ~has_horizon[b] | (now < horizon[b])
+            keep[lookup] = is_latest & ((columns.value_length[lookup] >= 0) | keep_deletes)
+        invalid = ~past & ~keyed & ~control_row
+        return keep, invalid
+
+    def _retained_legacy(self, records: list[Record], retain_legacy_deletes: bool, stats: CleanerStats) -> list[Record]:
+        omap = self.offset_map
+        kept = []
+        keyed = [r for r in records if r.key is not None and r.offset <= omap.latest_offset]
+        found = {}
+        if keyed:
+            looked_up = omap.get_many(_digests_of([r.key for r in keyed])).tolist()
+            found = {r.offset: o for r, o in zip(keyed, looked_up, strict=True)}
+        for r in records:
+            if r.offset > omap.latest_offset:
+                kept.append(r)
+            elif r.key is None:
+                stats.invalid_messages_read += 1
+            elif r.offset >= found[r.offset] and (r.value is not None or retain_legacy_deletes):
+                kept.append(r)
+        return kept
+
+
+# -- helpers that follow Kafka's per-batch rules ------------------------------------------
+
+
+@dataclass
+class _Keys:
+    digests: np.ndarray
+    offsets: np.ndarray
+
+
+def _digests_of(keys: list[bytes]) -> np.ndarray:
+    data = b"".join(keys)
+    ends = np.cumsum([len(k) for k in keys]).tolist()
+    starts = [e - len(k) for e, k in zip(ends, keys, strict=True)]
+    return digest_keys(data, starts, ends)
+
+
+def _keyed_records(chunk: Batches, usable: np.ndarray, start: int) -> _Keys:
+    """Digests and offsets, in log order, of the keyed records at or after ``start`` in
+    the usable batches (neither aborted nor control)."""
+    parts: list[tuple[np.ndarray, np.ndarray]] = []
+    v2_rows = np.flatnonzero(usable & chunk.is_v2)
+    if v2_rows.size:
+        columns = decode_records(chunk.select(v2_rows))
+        rows = np.flatnonzero(columns.has_key & (columns.offsets >= start))
+        starts, ends = columns.key_spans(rows)
+        parts.append((digest_keys(columns.data, starts, ends), columns.offsets[rows]))
+    for i in np.flatnonzero(usable & ~chunk.is_v2).tolist():
+        recs = [r for r in chunk.legacy[i].records() if r.key is not None and r.offset >= start]
+        if recs:
+            parts.append((_digests_of([r.key for r in recs]), np.array([r.offset for r in recs], dtype=np.int64)))
+    if not parts:
+        return _Keys(np.zeros((0, 16), dtype=np.uint8), np.zeros(0, dtype=np.int64))
+    offsets = np.concatenate([p[1] for p in parts])
+    digests = np.concatenate([p[0] for p in parts])
+    if len(parts) > 1:  # legacy entries mixed in: back to log order
+        order = np.argsort(offsets, kind="stable")
+        offsets, digests = offsets[order], digests[order]
+    return _Keys(digests, offsets)
+
+
+def _control_types(
+    chunk: Batches, columns: RecordColumns | None = None, v2_rows: np.ndarray | None = None
+) -> dict[int, ControlRecordType]:
+    """Type of the first record of every control batch that has records."""
+    wanted = np.flatnonzero(chunk.is_control & (chunk.records_counts > 0))
+    if wanted.size == 0:
+        return {}
+    if columns is None or v2_rows is None:
+        v2_rows = wanted
+        columns = decode_records(chunk.select(wanted))
+    starts = columns.batch_record_starts
+    out = {}
+    for i in wanted.tolist():
+        v2_index = int(np.searchsorted(v2_rows, i))
+        out[i] = ControlRecordType.parse_key(columns.key(int(starts[v2_index])))
+    return out
+
+
+def _run_transactions(
+    chunk: Batches, control_types: dict[int, ControlRecordType], transactions: CleanedTransactionMetadata
+) -> np.ndarray:
+    """``shouldDiscardBatch`` for every batch, in order. Only transactional and control
+    batches can change or depend on the transaction state; for the others the state
+    machine only consumes aborted transactions up to their offset, which the next
+    relevant batch does anyway, so they are skipped."""
+    out = np.zeros(len(chunk), dtype=bool)
+    for i in np.flatnonzero(chunk.is_transactional | chunk.is_control).tolist():
+        header = chunk.header(i)
+        if header.is_control:
+            out[i] = transactions.on_control_batch_read(header, control_types.get(i))
+        else:
+            out[i] = transactions.on_batch_read(header)
+    return out
+
+
+def _is_last_of_active_producer(chunk: Batches, active: dict[int, ActiveProducer]) -> np.ndarray:
+    """RETAIN_EMPTY for the batch holding an active producer's last data offset, or - when
+    its last entry was an epoch-bumping marker - every control batch of that epoch (§9.6)."""
+    out = np.zeros(len(chunk), dtype=bool)
+    if not active:
+        return out
+    pids = chunk.producer_ids
+    candidates = np.flatnonzero(np.isin(pids, np.fromiter(active.keys(), dtype=np.int64)))
+    lasts = chunk.last_offsets
+    epochs = chunk.headers["producer_epoch"]
+    is_control = chunk.is_control
+    for i in candidates.tolist():
+        producer = active[int(pids[i])]
+        if producer.last_data_offset is not None:
+            out[i] = int(lasts[i]) == producer.last_data_offset
+        else:
+            out[i] = bool(is_control[i]) and int(epochs[i]) == producer.producer_epoch
+    return out
+
+
+def _group_next_offset(group: list[LogSegment]) -> int:
+    """The next offset after the group's last batch (-1 if the group holds no batch)."""
+    for segment in reversed(group):
+        if segment.size:
+            return segment.read_next_offset()
+    return -1
+
+
+def _legacy_as_v2(chunk: Batches, i: int, kept: list[Record], horizon_ms: int | None) -> bytes:
+    """A legacy entry's kept records as one v2 batch (Kafka 4.0, KAFKA-13093): same codec,
+    NO_TIMESTAMP_TYPE becomes CreateTime, LogAppendTime keeps the wrapper's time, no
+    producer fields, base offset = first kept record."""
+    entry = chunk.legacy[i]
+    timestamp_type = entry.timestamp_type
+    log_append = timestamp_type == TimestampType.LOG_APPEND_TIME
+    return build_batch(
+        kept,
+        compression=entry.compression,
+        timestamp_type=TimestampType.LOG_APPEND_TIME if log_append else TimestampType.CREATE_TIME,
+        delete_horizon_ms=horizon_ms,
+        max_timestamp=entry.timestamp if log_append else None,
+    )
+
+
+__all__ = ["Cleaner", "LogCleaningAbortedError", "LogToClean"]

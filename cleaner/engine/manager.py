@@ -1,0 +1,562 @@
+"""Which log to clean next, and the state of every partition (Kafka's
+``LogCleanerManager``, KAFKA_NOTES §6).
+
+The manager owns the set of logs (every partition of the log dirs whose topic a policy
+rule matches), their cleaning states, the ``cleaner-offset-checkpoint`` files and the
+partitions marked uncleanable. Every public method takes its lock; the blocking calls
+(``abort_and_pause_cleaning``) wait on its condition variable like Kafka's.
+
+``report`` gives, for every partition, what ``kafka-cleaner status`` prints and the
+sidecar exports: the first dirty offset, clean/cleanable/uncleanable bytes, the ratio,
+and whether it is eligible now or why not.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from cleaner.clock import Time
+from cleaner.config import Policy, TopicRule
+from cleaner.errors import KafkaCleanerError, LogCleaningAbortedError
+from cleaner.storage.log import Log, LogConfig
+from cleaner.storage.log_dir import LogDirectory
+from cleaner.storage.producer_state import ActiveProducer
+from cleaner.storage.topic_partition import TopicPartition
+
+from .cleaner import LogToClean
+from .stats import PreCleanStats
+
+log = logging.getLogger("cleaner.engine.manager")
+
+LONG_MAX = 2**63 - 1
+
+
+class CleaningState(enum.Enum):
+    IN_PROGRESS = "LogCleaningInProgress"
+    ABORTED = "LogCleaningAborted"
+    PAUSED = "LogCleaningPaused"
+
+
+@dataclass
+class _State:
+    kind: CleaningState
+    paused: int = 0
+
+    def __repr__(self) -> str:
+        return f"{self.kind.value}({self.paused})" if self.kind is CleaningState.PAUSED else self.kind.value
+
+
+class LogCleaningException(KafkaCleanerError):
+    """A failure while cleaning (or applying retention to) one log: the partition is
+    marked uncleanable and the other partitions go on (KIP-346, KAFKA-8725)."""
+
+    def __init__(self, managed: ManagedLog, cause: BaseException) -> None:
+        self.managed = managed
+        self.cause = cause
+        super().__init__(f"{managed.topic_partition}: {type(cause).__name__}: {cause}")
+
+
+def log_config_for(rule: TopicRule) -> LogConfig:
+    return LogConfig(
+        segment_bytes=rule.segment_bytes,
+        segment_index_bytes=rule.segment_index_bytes,
+        index_interval_bytes=rule.index_interval_bytes,
+        max_message_bytes=rule.max_message_bytes,
+    )
+
+
+@dataclass
+class ManagedLog:
+    log_dir: LogDirectory
+    topic_partition: TopicPartition
+    log: Log
+    rule: TopicRule
+
+    @property
+    def compacted(self) -> bool:
+        return self.rule.compact
+
+
+@dataclass
+class OffsetsToClean:
+    first_dirty_offset: int
+    first_uncleanable_dirty_offset: int
+    force_update_checkpoint: bool = False
+    binding: str | None = None
+    """Which bound set the first uncleanable offset: lso, activeSegment or lag."""
+
+
+@dataclass
+class PartitionReport:
+    """One partition, as ``status`` reports it."""
+
+    log_dir: str
+    topic_partition: TopicPartition
+    compacted: bool
+    log_start_offset: int = 0
+    log_end_offset: int = 0
+    high_watermark: int | None = None
+    last_stable_offset: int | None = None
+    first_dirty_offset: int = 0
+    first_uncleanable_offset: int = 0
+    clean_bytes: int = 0
+    cleanable_bytes: int = 0
+    uncleanable_bytes: int = 0
+    cleanable_ratio: float = 0.0
+    min_cleanable_ratio: float = 0.5
+    compaction_delay_ms: int = 0
+    eligible: bool = False
+    reason: str | None = None
+    """Why not eligible: ratio, lag, lso, activeSegment, uncleanable, paused, cleaning, notCompacted."""
+    uncleanable_reason: str | None = None
+    segments: int = 0
+    size_bytes: int = 0
+    pending_startup: list[str] = field(default_factory=list)
+
+
+class LogCleanerManager:
+    def __init__(
+        self,
+        log_dirs: Iterable[LogDirectory],
+        policy: Policy,
+        time: Time,
+        *,
+        write_checkpoints: bool = True,
+    ) -> None:
+        self.log_dirs = list(log_dirs)
+        self.policy = policy
+        self.time = time
+        self.write_checkpoints = write_checkpoints
+        """False in stage mode: cleaner-offset-checkpoint belongs to the live broker."""
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._in_progress: dict[TopicPartition, _State] = {}
+        self._uncleanable: dict[str, dict[TopicPartition, str]] = {}
+        self._logs: dict[TopicPartition, ManagedLog] = {}
+        self._producer_state: dict[TopicPartition, tuple[int, int, dict[int, ActiveProducer], int | None]] = {}
+        self._memory_checkpoints: dict[TopicPartition, int] = {}
+        self.time_of_last_run = time.milliseconds()
+        self.dirtiest_log_cleanable_ratio = 0.0
+        self.last_clean_end: dict[TopicPartition, int] = {}
+
+    # -- the set of logs ------------------------------------------------------------------
+    def logs(self) -> dict[TopicPartition, ManagedLog]:
+        """Every partition whose topic a rule matches, opened once and kept; directories
+        that appeared are opened, those that disappeared are forgotten."""
+        with self._lock:
+            seen: set[TopicPartition] = set()
+            for log_dir in self.log_dirs:
+                if not log_dir.exists():
+                    continue
+                starts = log_dir.log_start_offsets()
+                for tp in log_dir.partition_dirs():
+                    rule = self.policy.rule_for(tp.topic)
+                    if rule is None:
+                        continue
+                    seen.add(tp)
+                    managed = self._logs.get(tp)
+                    if managed is None or managed.rule != rule:
+                        the_log = log_dir.open_log(tp, log_config_for(rule), log_start_offset=starts.get(tp))
+                        self._logs[tp] = ManagedLog(log_dir, tp, the_log, rule)
+            for tp in [tp for tp in self._logs if tp not in seen]:
+                del self._logs[tp]
+            return dict(self._logs)
+
+    def set_policy(self, policy: Policy) -> None:
+        """A new policy: rules apply from the next selection round."""
+        with self._lock:
+            self.policy = policy
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def all_cleaner_checkpoints(self) -> dict[TopicPartition, int]:
+        """Union of every log dir's ``cleaner-offset-checkpoint``, re-read from disk each
+        time (the file is the truth, as in Kafka)."""
+        out: dict[TopicPartition, int] = {}
+        for log_dir in self.log_dirs:
+            if log_dir.exists():
+                out.update(log_dir.cleaner_checkpoint.read())
+        out.update(self._memory_checkpoints)
+        return out
+
+    def update_checkpoints(
+        self,
+        log_dir: LogDirectory,
+        update: tuple[TopicPartition, int] | None = None,
+        remove: TopicPartition | None = None,
+    ) -> None:
+        """Kafka's ``updateCheckpoints``: re-read the dir's file, keep only partitions that
+        are logs of this dir, apply, rewrite atomically."""
+        with self._lock:
+            if not self.write_checkpoints or log_dir.read_only:
+                if update is not None:
+                    self._memory_checkpoints[update[0]] = update[1]
+                if remove is not None:
+                    self._memory_checkpoints.pop(remove, None)
+                return
+            current = set(log_dir.partition_dirs())
+            log_dir.cleaner_checkpoint.update(
+                set=dict([update]) if update is not None else None,
+                remove=[remove] if remove is not None else (),
+                keep_only=current,
+            )
+
+    def maybe_truncate_checkpoint(self, log_dir: LogDirectory, tp: TopicPartition, offset: int) -> None:
+        """After a truncation below the cleaned part, move the checkpoint back."""
+        with self._lock:
+            managed = self._logs.get(tp)
+            if managed is None or not managed.compacted:
+                return
+            current = self.all_cleaner_checkpoints().get(tp, 0)
+            if current > offset:
+                self.update_checkpoints(log_dir, update=(tp, offset))
+
+    # -- what is cleanable ----------------------------------------------------------------
+    def _producer_facts(self, managed: ManagedLog, now: int) -> tuple[dict[int, ActiveProducer], int | None]:
+        """Active producers and the first unstable offset at the log end offset, cached
+        until the log end offset or the segment list changes."""
+        the_log = managed.log
+        key = (the_log.log_end_offset, len(the_log.segments))
+        cached = self._producer_state.get(managed.topic_partition)
+        if cached is not None and cached[:2] == key:
+            return cached[2], cached[3]
+        psm = the_log.load_producer_state(
+            now,
+            producer_id_expiration_ms=self.policy.cleaner.producer_id_expiration_ms,
+            had_clean_shutdown=managed.log_dir.had_clean_shutdown,
+        )
+        high_watermark = managed.log_dir.high_watermarks().get(managed.topic_partition)
+        facts = (psm.active_producers(), psm.first_unstable_offset(high_watermark=high_watermark))
+        self._producer_state[managed.topic_partition] = (*key, *facts)
+        return facts
+
+    def last_stable_offset(self, managed: ManagedLog, now: int) -> tuple[int, int | None]:
+        """(LSO, high watermark). Without a high watermark in ``replication-offset-checkpoint``
+        nothing is known to be committed, so the LSO is the log start offset."""
+        high_watermark = managed.log_dir.high_watermarks().get(managed.topic_partition)
+        if high_watermark is None:
+            return managed.log.log_start_offset, None
+        _, first_unstable = self._producer_facts(managed, now)
+        lso = high_watermark if first_unstable is None else min(first_unstable, high_watermark)
+        return lso, high_watermark
+
+    def cleanable_offsets(self, managed: ManagedLog, checkpoint: int | None, now: int) -> OffsetsToClean:
+        """KAFKA_NOTES §6.2-§6.3: the first dirty offset (with Kafka's reset rules) and the
+        first offset that may not be cleaned (LSO, active segment, min compaction lag)."""
+        the_log = managed.log
+        start = the_log.log_start_offset
+        dirty = checkpoint if checkpoint is not None else start
+        force = False
+        if dirty < start:
+            if not (managed.rule.compact and managed.rule.delete):
+                log.warning(
+                    "Resetting first dirty offset of %s to log start offset %d since the checkpointed offset "
+                    "%d is invalid.",
+                    managed.topic_partition,
+                    start,
+                    dirty,
+                )
+            dirty, force = start, True
+        elif dirty > the_log.log_end_offset:
+            log.warning(
+                "The last checkpoint dirty offset for partition %s is %d, which is larger than the log end "
+                "offset %d. Resetting to the log start offset %d.",
+                managed.topic_partition,
+                dirty,
+                the_log.log_end_offset,
+                start,
+            )
+            dirty, force = start, True
+        lso, _ = self.last_stable_offset(managed, now)
+        active = the_log.active_segment
+        bounds: list[tuple[int, str]] = [(lso, "lso")]
+        if active is not None:
+            bounds.append((active.base_offset, "activeSegment"))
+        min_lag = max(managed.rule.min_compaction_lag_ms, 0)
+        if min_lag > 0:
+            for segment in self._non_active_segments_from(the_log, dirty):
+                if segment.largest_timestamp > now - min_lag:
+                    bounds.append((segment.base_offset, "lag"))
+                    break
+        bound, binding = min(bounds, key=lambda b: b[0])
+        return OffsetsToClean(dirty, max(dirty, bound), force, binding)
+
+    @staticmethod
+    def _non_active_segments_from(the_log: Log, offset: int) -> list:
+        active = the_log.active_segment
+        if active is None or offset > active.base_offset:
+            return []
+        return [s for s in the_log.segments_between(offset, active.base_offset)]
+
+    def max_compaction_delay(self, managed: ManagedLog, first_dirty: int, now: int) -> int:
+        """KIP-354 (§6.4): how far past ``max.compaction.lag.ms`` the oldest dirty data is."""
+        stamps = [
+            ts
+            for ts in (s.first_batch_timestamp() for s in self._non_active_segments_from(managed.log, first_dirty))
+            if ts > 0
+        ]
+        earliest = min(stamps) if stamps else LONG_MAX
+        clean_until = now - max(managed.rule.max_compaction_lag_ms, 0)
+        return clean_until - earliest if earliest < clean_until else 0
+
+    def log_to_clean(
+        self, managed: ManagedLog, checkpoint: int | None, now: int
+    ) -> tuple[LogToClean, OffsetsToClean, int]:
+        offsets = self.cleanable_offsets(managed, checkpoint, now)
+        delay = self.max_compaction_delay(managed, offsets.first_dirty_offset, now)
+        the_log = managed.log
+        first_dirty = offsets.first_dirty_offset
+        # Round the bound down to a segment start (LogToClean / calculateCleanableBytes).
+        active = the_log.active_segment
+        floor = the_log.floor_segment(offsets.first_uncleanable_dirty_offset)
+        if active is None:
+            first_uncleanable = first_dirty
+        elif floor is None or offsets.first_uncleanable_dirty_offset >= active.base_offset:
+            first_uncleanable = active.base_offset
+        else:
+            first_uncleanable = floor.base_offset
+        clean_bytes = sum(s.size for s in the_log.segments if s.base_offset < first_dirty)
+        low = min(first_dirty, first_uncleanable)
+        cleanable_bytes = (
+            sum(s.size for s in the_log.segments_between(low, first_uncleanable)) if low < first_uncleanable else 0
+        )
+        active_producers, _ = self._producer_facts(managed, now) if the_log.segments else ({}, None)
+        ltc = LogToClean(
+            the_log,
+            managed.topic_partition,
+            first_dirty,
+            first_uncleanable,
+            needs_compaction_now=delay > 0,
+            clean_bytes=clean_bytes,
+            cleanable_bytes=cleanable_bytes,
+            delete_retention_ms=managed.rule.delete_retention_ms,
+            active_producers=active_producers,
+        )
+        return ltc, offsets, delay
+
+    def grab_filthiest_compacted_log(self, now: int, pre_stats: PreCleanStats | None = None) -> LogToClean | None:
+        """§6.1: choose the eligible log with the highest cleanable ratio and mark it in
+        progress. A failure computing one log marks it uncleanable (KAFKA-8725)."""
+        pre_stats = pre_stats or PreCleanStats()
+        with self._lock:
+            self.time_of_last_run = now
+            checkpoints = self.all_cleaner_checkpoints()
+            candidates: list[tuple[LogToClean, float]] = []
+            for tp, managed in self.logs().items():
+                if not managed.compacted or tp in self._in_progress or self.is_uncleanable(managed.log_dir, tp):
+                    continue
+                try:
+                    ltc, offsets, delay = self.log_to_clean(managed, checkpoints.get(tp), now)
+                    if offsets.force_update_checkpoint:
+                        self.update_checkpoints(managed.log_dir, update=(tp, offsets.first_dirty_offset))
+                except Exception as e:
+                    self.mark_partition_uncleanable(managed.log_dir, tp, f"{type(e).__name__}: {e}")
+                    continue
+                pre_stats.update_max_compaction_delay(delay)
+                if ltc.total_bytes > 0:
+                    candidates.append((ltc, managed.rule.min_cleanable_dirty_ratio))
+            self.dirtiest_log_cleanable_ratio = max((c.cleanable_ratio for c, _ in candidates), default=0.0)
+            eligible = [
+                c
+                for c, min_ratio in candidates
+                if (c.needs_compaction_now and c.cleanable_bytes > 0) or c.cleanable_ratio > min_ratio
+            ]
+            if not eligible:
+                return None
+            pre_stats.cleanable_partitions = len(eligible)
+            chosen = max(eligible, key=lambda c: c.cleanable_ratio)
+            self._in_progress[chosen.topic_partition] = _State(CleaningState.IN_PROGRESS)
+            return chosen
+
+    def report(self, now: int) -> list[PartitionReport]:
+        """Every partition's cleaning picture, without changing anything."""
+        out = []
+        with self._lock:
+            checkpoints = self.all_cleaner_checkpoints()
+            for tp, managed in self.logs().items():
+                out.append(self._report_one(managed, checkpoints.get(tp), now))
+        return out
+
+    def _report_one(self, managed: ManagedLog, checkpoint: int | None, now: int) -> PartitionReport:
+        tp = managed.topic_partition
+        the_log = managed.log
+        report = PartitionReport(
+            str(managed.log_dir),
+            tp,
+            managed.compacted,
+            log_start_offset=the_log.log_start_offset,
+            segments=len(the_log.segments),
+            min_cleanable_ratio=managed.rule.min_cleanable_dirty_ratio,
+            pending_startup=list(the_log.pending_startup),
+        )
+        try:
+            report.size_bytes = the_log.size_in_bytes
+            report.log_end_offset = the_log.log_end_offset
+            ltc, offsets, delay = self.log_to_clean(managed, checkpoint, now)
+            report.last_stable_offset, report.high_watermark = self.last_stable_offset(managed, now)
+        except Exception as e:
+            report.reason = "uncleanable"
+            report.uncleanable_reason = f"{type(e).__name__}: {e}"
+            return report
+        report.first_dirty_offset = ltc.first_dirty_offset
+        report.first_uncleanable_offset = ltc.first_uncleanable_offset
+        report.clean_bytes = ltc.clean_bytes
+        report.cleanable_bytes = ltc.cleanable_bytes
+        report.uncleanable_bytes = max(report.size_bytes - ltc.clean_bytes - ltc.cleanable_bytes, 0)
+        report.cleanable_ratio = ltc.cleanable_ratio
+        report.compaction_delay_ms = delay
+        reason = self.uncleanable_reason(managed.log_dir, tp)
+        state = self._in_progress.get(tp)
+        if not managed.compacted:
+            report.reason = "notCompacted"
+        elif reason is not None:
+            report.reason, report.uncleanable_reason = "uncleanable", reason
+        elif state is not None and state.kind is CleaningState.PAUSED:
+            report.reason = "paused"
+        elif state is not None:
+            report.reason = "cleaning"
+        elif ltc.cleanable_bytes == 0:
+            report.reason = offsets.binding or "activeSegment"
+        elif (ltc.needs_compaction_now and ltc.cleanable_bytes > 0) or ltc.cleanable_ratio > report.min_cleanable_ratio:
+            report.eligible = True
+        else:
+            report.reason = "ratio"
+        return report
+
+    # -- states and the blocking API (§6.6) ----------------------------------------------
+    def state(self, tp: TopicPartition) -> str | None:
+        with self._lock:
+            s = self._in_progress.get(tp)
+            return repr(s) if s is not None else None
+
+    def cleaning_in_progress(self) -> bool:
+        with self._lock:
+            return any(s.kind is not CleaningState.PAUSED for s in self._in_progress.values())
+
+    def abort_and_pause_cleaning(self, tp: TopicPartition) -> None:
+        """Stop any clean of ``tp`` and keep it from being chosen until resumed; blocks
+        until an in-progress clean has actually stopped."""
+        with self._cond:
+            s = self._in_progress.get(tp)
+            if s is None:
+                self._in_progress[tp] = _State(CleaningState.PAUSED, 1)
+            elif s.kind is CleaningState.IN_PROGRESS:
+                self._in_progress[tp] = _State(CleaningState.ABORTED)
+            elif s.kind is CleaningState.PAUSED:
+                s.paused += 1
+            else:
+                raise RuntimeError(
+                    f"Compaction for partition {tp} cannot be aborted and paused since it is in {s!r} state."
+                )
+            while not self._is_paused(tp):
+                self._cond.wait(0.1)
+
+    def _is_paused(self, tp: TopicPartition) -> bool:
+        s = self._in_progress.get(tp)
+        return s is not None and s.kind is CleaningState.PAUSED
+
+    def abort_cleaning(self, tp: TopicPartition) -> None:
+        with self._cond:
+            self.abort_and_pause_cleaning(tp)
+            self.resume_cleaning([tp])
+
+    def resume_cleaning(self, tps: Iterable[TopicPartition]) -> None:
+        with self._cond:
+            for tp in tps:
+                s = self._in_progress.get(tp)
+                if s is None or s.kind is not CleaningState.PAUSED:
+                    raise RuntimeError(
+                        f"Compaction for partition {tp} cannot be resumed since it is not paused (state {s!r})."
+                    )
+                if s.paused > 1:
+                    s.paused -= 1
+                else:
+                    del self._in_progress[tp]
+
+    def check_cleaning_aborted(self, tp: TopicPartition) -> None:
+        with self._lock:
+            s = self._in_progress.get(tp)
+            if s is not None and s.kind is CleaningState.ABORTED:
+                raise LogCleaningAbortedError(f"cleaning of {tp} was aborted")
+
+    def done_cleaning(self, tp: TopicPartition, log_dir: LogDirectory, end_offset: int) -> None:
+        with self._cond:
+            s = self._in_progress.get(tp)
+            if s is not None and s.kind is CleaningState.IN_PROGRESS:
+                self.update_checkpoints(log_dir, update=(tp, end_offset))
+                self.last_clean_end[tp] = end_offset
+                del self._in_progress[tp]
+            elif s is not None and s.kind is CleaningState.ABORTED:
+                self._in_progress[tp] = _State(CleaningState.PAUSED, 1)
+                self._cond.notify_all()
+            else:
+                raise RuntimeError(f"In-progress partition {tp} cannot be in {s!r} state.")
+
+    def deletable_logs(self) -> list[ManagedLog]:
+        """Compacted logs for the retention step, marked in progress (§6.6, §10)."""
+        with self._lock:
+            out = []
+            for tp, managed in self.logs().items():
+                if managed.compacted and tp not in self._in_progress and not self.is_uncleanable(managed.log_dir, tp):
+                    self._in_progress[tp] = _State(CleaningState.IN_PROGRESS)
+                    out.append(managed)
+            return out
+
+    def done_deleting(self, tps: Iterable[TopicPartition]) -> None:
+        with self._cond:
+            for tp in tps:
+                s = self._in_progress.get(tp)
+                if s is not None and s.kind is CleaningState.IN_PROGRESS:
+                    del self._in_progress[tp]
+                elif s is not None and s.kind is CleaningState.ABORTED:
+                    self._in_progress[tp] = _State(CleaningState.PAUSED, 1)
+                    self._cond.notify_all()
+                else:
+                    raise RuntimeError(f"In-progress partition {tp} cannot be in {s!r} state.")
+
+    # -- uncleanable partitions ----------------------------------------------------------
+    def mark_partition_uncleanable(self, log_dir: LogDirectory, tp: TopicPartition, reason: str) -> None:
+        with self._lock:
+            log.warning("Marking %s in %s uncleanable: %s", tp, log_dir, reason)
+            self._uncleanable.setdefault(str(log_dir), {})[tp] = reason
+
+    def is_uncleanable(self, log_dir: LogDirectory, tp: TopicPartition) -> bool:
+        with self._lock:
+            return tp in self._uncleanable.get(str(log_dir), {})
+
+    def uncleanable_reason(self, log_dir: LogDirectory, tp: TopicPartition) -> str | None:
+        with self._lock:
+            return self._uncleanable.get(str(log_dir), {}).get(tp)
+
+    def uncleanable_partitions(self) -> dict[str, dict[TopicPartition, str]]:
+        with self._lock:
+            return {d: dict(tps) for d, tps in self._uncleanable.items() if tps}
+
+    def uncleanable_bytes(self, log_dir: LogDirectory) -> int:
+        """Kafka's ``uncleanable-bytes`` gauge: the cleanable bytes of that dir's
+        uncleanable partitions, recomputed on read."""
+        with self._lock:
+            total = 0
+            now = self.time.milliseconds()
+            checkpoints = self.all_cleaner_checkpoints()
+            for tp in self._uncleanable.get(str(log_dir), {}):
+                managed = self._logs.get(tp)
+                if managed is None:
+                    continue
+                try:
+                    ltc, _, _ = self.log_to_clean(managed, checkpoints.get(tp), now)
+                    total += ltc.cleanable_bytes
+                except Exception:
+                    total += managed.log.size_in_bytes if managed.log.segments else 0
+            return total
+
+    def maintain_uncleanable_partitions(self) -> None:
+        """Forget uncleanable partitions that no longer exist."""
+        with self._lock:
+            existing = set(self._logs)
+            for tps in self._uncleanable.values():
+                for tp in [tp for tp in tps if tp not in existing]:
+                    del tps[tp]

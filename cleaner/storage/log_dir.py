@@ -1,0 +1,83 @@
+"""One Kafka log directory (``log.dirs`` entry): its partition directories and the files
+in its root - the four offset checkpoints, ``meta.properties``, ``.lock`` and
+``.kafka_cleanshutdown``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from cleaner.storage.checkpoint import (
+    CLEANER_OFFSET_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_OFFSET_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
+    OffsetCheckpointFile,
+)
+from cleaner.storage.lock import LogDirLock, is_locked_by_other_process
+from cleaner.storage.log import Log, LogConfig
+from cleaner.storage.topic_partition import TopicPartition, parse_partition_dir
+
+CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
+
+
+class LogDirectory:
+    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
+        self.path = Path(path).absolute()
+        self.read_only = read_only
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def exists(self) -> bool:
+        return self.path.is_dir()
+
+    def partition_dirs(self) -> dict[TopicPartition, Path]:
+        """Partition directories, listed afresh (``-delete``/``-future``/``-stray``
+        directories and anything that is not a partition are skipped)."""
+        out: dict[TopicPartition, Path] = {}
+        with os.scandir(self.path) as it:
+            for entry in it:
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                tp = parse_partition_dir(entry.name)
+                if tp is not None:
+                    out[tp] = Path(entry.path)
+        return dict(sorted(out.items()))
+
+    def checkpoint(self, name: str) -> OffsetCheckpointFile:
+        return OffsetCheckpointFile(self.path / name)
+
+    @property
+    def cleaner_checkpoint(self) -> OffsetCheckpointFile:
+        return self.checkpoint(CLEANER_OFFSET_CHECKPOINT)
+
+    def high_watermarks(self) -> dict[TopicPartition, int]:
+        return self.checkpoint(REPLICATION_OFFSET_CHECKPOINT).read()
+
+    def log_start_offsets(self) -> dict[TopicPartition, int]:
+        return self.checkpoint(LOG_START_OFFSET_CHECKPOINT).read()
+
+    def recovery_points(self) -> dict[TopicPartition, int]:
+        return self.checkpoint(RECOVERY_POINT_OFFSET_CHECKPOINT).read()
+
+    @property
+    def had_clean_shutdown(self) -> bool:
+        return (self.path / CLEAN_SHUTDOWN_FILE).exists()
+
+    def open_log(self, tp: TopicPartition, config: LogConfig, *, log_start_offset: int | None = None) -> Log:
+        return Log.open(self.path / tp.dir_name, config, log_start_offset=log_start_offset, read_only=self.read_only)
+
+    def lock(self) -> LogDirLock:
+        """The broker's ``.lock``; hold it for as long as files are being changed."""
+        return LogDirLock(self.path)
+
+    def is_locked_by_broker(self) -> bool:
+        return is_locked_by_other_process(self.path)
+
+    def free_bytes(self) -> int:
+        return shutil.disk_usage(self.path).free
+
+    def total_bytes(self) -> int:
+        return shutil.disk_usage(self.path).total
