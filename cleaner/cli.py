@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from cleaner import __version__
+from cleaner.commands import clean_command, run_command, status_command
 from cleaner.dump import dump
 
 
@@ -20,6 +21,9 @@ def main() -> None:
 
 
 main.add_command(dump)
+main.add_command(clean_command)
+main.add_command(run_command)
+main.add_command(status_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -87,4 +87,15 @@ class MockTime:
         return event.is_set()
 
 
+class FixedTime(SystemTime):
+    """A wall clock stopped at ``ms`` (``--now-ms``): delete horizons, lags and producer
+    expiry see one instant, while waits and durations stay real."""
+
+    def __init__(self, ms: int) -> None:
+        self._ms = ms
+
+    def milliseconds(self) -> int:
+        return self._ms
+
+
 SYSTEM_TIME = SystemTime()

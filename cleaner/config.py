@@ -191,9 +191,7 @@ def _fmt(number: float) -> str:
     return repr(number) if isinstance(number, float) and not number.is_integer() else str(int(number))
 
 
-def _range_text(
-    minimum: float | None, maximum: float | None, *, exclusive_minimum: bool = False
-) -> str:
+def _range_text(minimum: float | None, maximum: float | None, *, exclusive_minimum: bool = False) -> str:
     """``between 0 and 1 (inclusive)``, ``> 0 and <= 1``, ``>= 14``, ``<= 65535``."""
     if minimum is not None and maximum is not None and not exclusive_minimum:
         return f"between {_fmt(minimum)} and {_fmt(maximum)} (inclusive)"
@@ -374,9 +372,7 @@ class _CleanupPolicyKind(_Str):
     """``compact``, ``delete`` or both, in any case and order, with spaces: normalised."""
 
     pattern: str | None = CLEANUP_POLICY_PATTERN
-    what: str | None = (
-        "one of compact, compact,delete, delete (Kafka's cleanup.policy; case and spaces do not matter)"
-    )
+    what: str | None = "one of compact, compact,delete, delete (Kafka's cleanup.policy; case and spaces do not matter)"
     max_length: int | None = 64
 
     def parse(self, value: object, path: str) -> CleanupPolicy:
@@ -509,9 +505,7 @@ class _Quantity(_Kind):
             return str(value)
         if isinstance(value, str) and re.fullmatch(QUANTITY_PATTERN, value):
             return value
-        raise PolicyError(
-            path, f"must be a Kubernetes quantity such as 500m, 256Mi or 2, got {_describe(value)}"
-        )
+        raise PolicyError(path, f"must be a Kubernetes quantity such as 500m, 256Mi or 2, got {_describe(value)}")
 
     def openapi(self) -> dict[str, Any]:
         return {"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}
@@ -550,9 +544,7 @@ def _field(
     omit_empty: bool = False,
     nullable: bool = False,
 ) -> Any:
-    spec = FieldSpec(
-        key, kind, kafka=kafka, required=default is _NO_DEFAULT, omit_empty=omit_empty, nullable=nullable
-    )
+    spec = FieldSpec(key, kind, kafka=kafka, required=default is _NO_DEFAULT, omit_empty=omit_empty, nullable=nullable)
     return field(default=default, metadata={"spec": spec})
 
 
@@ -638,29 +630,19 @@ class TopicRule(_Model):
     min_cleanable_dirty_ratio: float = _field(
         "minCleanableDirtyRatio", _Float(0.0, 1.0), 0.5, kafka="min.cleanable.dirty.ratio"
     )
-    delete_retention_ms: int = _field(
-        "deleteRetentionMs", _Int(0), 86_400_000, kafka="delete.retention.ms"
-    )
-    min_compaction_lag_ms: int = _field(
-        "minCompactionLagMs", _Int(0), 0, kafka="min.compaction.lag.ms"
-    )
-    max_compaction_lag_ms: int = _field(
-        "maxCompactionLagMs", _Int(1), INT64_MAX, kafka="max.compaction.lag.ms"
-    )
+    delete_retention_ms: int = _field("deleteRetentionMs", _Int(0), 86_400_000, kafka="delete.retention.ms")
+    min_compaction_lag_ms: int = _field("minCompactionLagMs", _Int(0), 0, kafka="min.compaction.lag.ms")
+    max_compaction_lag_ms: int = _field("maxCompactionLagMs", _Int(1), INT64_MAX, kafka="max.compaction.lag.ms")
     #: Kafka 3.x's minimum (LegacyRecord.RECORD_OVERHEAD_V0 = 14 bytes), not Kafka 4.0's 1 MiB
     #: (KIP-1030): engine tests and small offline copies use KiB-sized segments.
-    segment_bytes: int = _field(
-        "segmentBytes", _Int(14, format="int32"), 1_073_741_824, kafka="segment.bytes"
-    )
+    segment_bytes: int = _field("segmentBytes", _Int(14, format="int32"), 1_073_741_824, kafka="segment.bytes")
     segment_index_bytes: int = _field(
         "segmentIndexBytes", _Int(4, format="int32"), 10_485_760, kafka="segment.index.bytes"
     )
     index_interval_bytes: int = _field(
         "indexIntervalBytes", _Int(0, format="int32"), 4096, kafka="index.interval.bytes"
     )
-    max_message_bytes: int = _field(
-        "maxMessageBytes", _Int(0, format="int32"), 1_048_588, kafka="max.message.bytes"
-    )
+    max_message_bytes: int = _field("maxMessageBytes", _Int(0, format="int32"), 1_048_588, kafka="max.message.bytes")
     retention_ms: int = _field("retentionMs", _Int(-1), 604_800_000, kafka="retention.ms")
     #: Kafka accepts any negative value; -1 is the only one that means something (unlimited).
     retention_bytes: int = _field("retentionBytes", _Int(-1), -1, kafka="retention.bytes")
@@ -690,8 +672,7 @@ class TopicRule(_Model):
         if self.min_compaction_lag_ms > self.max_compaction_lag_ms:
             raise PolicyError(
                 f"{path}.minCompactionLagMs",
-                f"must be <= maxCompactionLagMs ({self.max_compaction_lag_ms}), "
-                f"got {self.min_compaction_lag_ms}",
+                f"must be <= maxCompactionLagMs ({self.max_compaction_lag_ms}), got {self.min_compaction_lag_ms}",
             )
 
 
@@ -702,25 +683,32 @@ class CleanerConfig(_Model):
     #: Kafka accepts 0 (no cleaner at all); here a cleaner that never cleans is ``mode: observe``.
     threads: int = _field("threads", _Int(1, format="int32"), 1, kafka="log.cleaner.threads")
     dedupe_buffer_size: int = _field(
-        "dedupeBufferSize", _Int(MIN_DEDUPE_BUFFER_PER_THREAD), 134_217_728,
+        "dedupeBufferSize",
+        _Int(MIN_DEDUPE_BUFFER_PER_THREAD),
+        134_217_728,
         kafka="log.cleaner.dedupe.buffer.size",
     )
     #: Kafka has no validator; (0, 1] is the range in which an offset map works at all.
     dedupe_buffer_load_factor: float = _field(
-        "dedupeBufferLoadFactor", _Float(0.0, 1.0, exclusive_minimum=True), 0.9,
+        "dedupeBufferLoadFactor",
+        _Float(0.0, 1.0, exclusive_minimum=True),
+        0.9,
         kafka="log.cleaner.io.buffer.load.factor",
     )
-    io_buffer_size: int = _field(
-        "ioBufferSize", _Int(0, format="int32"), 524_288, kafka="log.cleaner.io.buffer.size"
-    )
+    io_buffer_size: int = _field("ioBufferSize", _Int(0, format="int32"), 524_288, kafka="log.cleaner.io.buffer.size")
     #: None (null) is Kafka's Double.MAX_VALUE default: no throttling.
     max_io_bytes_per_second: float | None = _field(
-        "maxIoBytesPerSecond", _Float(0.0, exclusive_minimum=True), None,
-        kafka="log.cleaner.io.max.bytes.per.second", nullable=True,
+        "maxIoBytesPerSecond",
+        _Float(0.0, exclusive_minimum=True),
+        None,
+        kafka="log.cleaner.io.max.bytes.per.second",
+        nullable=True,
     )
     backoff_ms: int = _field("backoffMs", _Int(0), 15_000, kafka="log.cleaner.backoff.ms")
     producer_id_expiration_ms: int = _field(
-        "producerIdExpirationMs", _Int(1, format="int32"), 86_400_000,
+        "producerIdExpirationMs",
+        _Int(1, format="int32"),
+        86_400_000,
         kafka="producer.id.expiration.ms",
     )
 
@@ -761,14 +749,10 @@ DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 
-_OBJECT_NAME = _Str(
-    max_length=253, pattern=DNS1123_SUBDOMAIN, what="a Kubernetes object name (DNS-1123 subdomain)"
-)
+_OBJECT_NAME = _Str(max_length=253, pattern=DNS1123_SUBDOMAIN, what="a Kubernetes object name (DNS-1123 subdomain)")
 _VOLUME_NAME = _Str(max_length=63, pattern=DNS1123_LABEL, what="a pod volume name (DNS-1123 label)")
 _MOUNT_PATH = _Str(max_length=1024, pattern=r"^/.+$", what="an absolute path other than /")
-_LOG_DIRS = _List(
-    _RelativePathKind(min_length=1, max_length=255), min_items=1, max_items=16, unique=True
-)
+_LOG_DIRS = _List(_RelativePathKind(min_length=1, max_length=255), min_items=1, max_items=16, unique=True)
 _LABEL_VALUE = _Str(max_length=63, pattern=LABEL_VALUE, what="a label value")
 
 
@@ -778,9 +762,7 @@ class LabelSelectorRequirement(_Model):
 
     key: str = _field("key", _Str(min_length=1, max_length=317))
     operator: str = _field("operator", _Str(enum=("In", "NotIn", "Exists", "DoesNotExist")))
-    values: tuple[str, ...] = _field(
-        "values", _List(_Str(max_length=63), max_items=256), (), omit_empty=True
-    )
+    values: tuple[str, ...] = _field("values", _List(_Str(max_length=63), max_items=256), (), omit_empty=True)
 
     def _check(self, path: str) -> None:
         # CEL: (self.operator == 'In' || self.operator == 'NotIn')
@@ -805,9 +787,7 @@ class LabelSelector(_Model):
         # CEL: (has(self.matchLabels) && size(self.matchLabels) > 0)
         #      || (has(self.matchExpressions) && size(self.matchExpressions) > 0)
         if not self.match_labels and not self.match_expressions:
-            raise PolicyError(
-                path, "must not be empty: an empty selector would select every pod in the namespace"
-            )
+            raise PolicyError(path, "must not be empty: an empty selector would select every pod in the namespace")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -824,9 +804,7 @@ class Target(_Model):
     data_volume: str = _field("dataVolume", _VOLUME_NAME)
     mount_path: str = _field("mountPath", _MOUNT_PATH)
     log_dirs: tuple[str, ...] = _field("logDirs", _LOG_DIRS)
-    injection: Injection | None = _field(
-        "injection", _Str(enum=tuple(Injection), enum_type=Injection), None
-    )
+    injection: Injection | None = _field("injection", _Str(enum=tuple(Injection), enum_type=Injection), None)
 
     @property
     def effective_injection(self) -> Injection:
@@ -1027,9 +1005,7 @@ def parse_policy(obj: Mapping[str, Any], *, source: str = "<policy>") -> Policy:
 
 def _parse_document(obj: object) -> Policy:
     if not isinstance(obj, Mapping):
-        raise PolicyError(
-            "", f"a policy must be a mapping (a CompactionPolicy or its spec), got {_describe(obj)}"
-        )
+        raise PolicyError("", f"a policy must be a mapping (a CompactionPolicy or its spec), got {_describe(obj)}")
     if not any(key in obj for key in _MANIFEST_KEYS):
         return _parse_object(Policy, obj, "spec")
 
@@ -1123,4 +1099,3 @@ def walk_model(cls: type = Policy, prefix: str = "spec") -> Iterator[tuple[str, 
             suffix += "[]"
         if isinstance(kind, _Obj):
             yield from walk_model(kind.cls, path + suffix)
-

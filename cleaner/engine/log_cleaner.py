@@ -82,7 +82,12 @@ class CleanerThread(threading.Thread):
                     self.idle = True
                     return
                 if not cleaned:
-                    self.pool.time.wait(self._shutdown, self.pool.config.backoff_ms)
+                    if self.pool.exit_when_idle:
+                        # Another thread is still cleaning: poll for its end (a real wait,
+                        # whatever the clock) instead of backing off.
+                        self._shutdown.wait(0.05)
+                    else:
+                        self.pool.time.wait(self._shutdown, self.pool.config.backoff_ms)
         except ThreadShutdownError:
             pass
         except BaseException:
@@ -168,6 +173,7 @@ class LogCleaner:
         exit_when_idle: bool = False,
         on_cleaned: Callable[[CleanResult], None] | None = None,
         on_uncleanable: Callable[[ManagedLog, BaseException], None] | None = None,
+        io_meter: Callable[[int], None] | None = None,
     ) -> None:
         self.manager = manager
         self.config = config
@@ -176,7 +182,8 @@ class LogCleaner:
         self.exit_when_idle = exit_when_idle
         """For ``kafka-cleaner clean``: a thread stops once nothing is eligible and no
         other thread is cleaning."""
-        self.throttler = Throttler(config.max_io_bytes_per_second, time)
+        self.io_meter = io_meter
+        self.throttler = Throttler(config.max_io_bytes_per_second, time, meter=io_meter)
         self.threads: list[CleanerThread] = []
         self.results: list[CleanResult] = []
         self._on_cleaned = on_cleaned
@@ -207,7 +214,7 @@ class LogCleaner:
         also revives dead threads)."""
         self.shutdown()
         self.config = config
-        self.throttler = Throttler(config.max_io_bytes_per_second, self.time)
+        self.throttler = Throttler(config.max_io_bytes_per_second, self.time, meter=self.io_meter)
         self.start()
 
     @property

@@ -323,9 +323,7 @@ def _decode_fields(
     problems.append((p > end, "value extends beyond the record"))
     headers_count, size, bad = decode_varints(raw, p)
     p = p + size
-    problems.append(
-        (bad | (headers_count < 0) | (headers_count * MIN_HEADER_SIZE > end - p), "invalid header count")
-    )
+    problems.append((bad | (headers_count < 0) | (headers_count * MIN_HEADER_SIZE > end - p), "invalid header count"))
     _raise_first(batches, batch, start, offset_delta, problems, compressed)
     headers_start = p
     p = _skip_headers(raw, p, headers_count, end)

@@ -1,0 +1,173 @@
+"""The cleaner as a service over whole Kafka log dirs: what ``kafka-cleaner clean``,
+``run`` and ``status`` do, reusable by the demo, the sidecar and the Spark jobs.
+
+``clean`` takes each log dir's ``.lock`` the way a broker does (a POSIX lock), so it
+refuses a directory a running broker holds; ``status`` only reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from cleaner.clock import Time
+from cleaner.config import CleanerConfig, Policy
+from cleaner.engine.log_cleaner import CleanResult, LogCleaner
+from cleaner.engine.manager import LogCleanerManager, ManagedLog, PartitionReport
+from cleaner.errors import KafkaCleanerError, LogDirLockedError
+from cleaner.segment_facts import FactsCache, SegmentFacts
+from cleaner.storage.log_dir import LogDirectory
+from cleaner.storage.topic_partition import TopicPartition
+
+log = logging.getLogger("cleaner.cleaning")
+
+
+@dataclass
+class CleanOutcome:
+    results: list[CleanResult] = field(default_factory=list)
+    uncleanable: dict[str, dict[TopicPartition, str]] = field(default_factory=dict)
+    bytes_before: int = 0
+    bytes_after: int = 0
+    elapsed_seconds: float = 0.0
+
+
+@contextlib.contextmanager
+def locked(log_dirs: Sequence[LogDirectory]) -> Iterator[None]:
+    """Hold every log dir's ``.lock`` (refusing, with ``LogDirLockedError``, a dir a broker
+    holds) for the duration of the block."""
+    with contextlib.ExitStack() as stack:
+        for log_dir in log_dirs:
+            if not log_dir.exists():
+                raise KafkaCleanerError(f"{log_dir}: no such log directory")
+            lock = log_dir.lock()
+            lock.acquire()  # raises LogDirLockedError
+            stack.callback(lock.release)
+        yield
+
+
+def clean(
+    paths: Sequence[str | Path],
+    policy: Policy,
+    time: Time,
+    *,
+    threads: int | None = None,
+    io_meter: Callable[[int], None] | None = None,
+    stop: threading.Event | None = None,
+) -> CleanOutcome:
+    """Run cleaning rounds with the policy's cleaner settings until no partition is
+    eligible. A partition that fails is marked uncleanable and reported; the others go on."""
+    log_dirs = [LogDirectory(p) for p in paths]
+    config = policy.cleaner if threads is None else _with_threads(policy, threads)
+    outcome = CleanOutcome()
+    with locked(log_dirs):
+        manager = LogCleanerManager(log_dirs, policy, time)
+        managed = manager.logs()
+        outcome.bytes_before = _total_bytes(managed.values())
+        pool = LogCleaner(manager, config, time, exit_when_idle=True, io_meter=io_meter)
+        stop = stop or threading.Event()
+        started = time.nanoseconds()
+        pool.start()
+        try:
+            while any(t.is_alive() for t in pool.threads) and not stop.wait(0.05):
+                pass
+        finally:
+            pool.shutdown()
+        outcome.elapsed_seconds = (time.nanoseconds() - started) / 1e9
+        outcome.results = list(pool.results)
+        outcome.uncleanable = manager.uncleanable_partitions()
+        outcome.bytes_after = _total_bytes(manager.logs().values())
+    return outcome
+
+
+def _with_threads(policy: Policy, threads: int) -> CleanerConfig:
+    return replace(policy.cleaner, threads=threads)
+
+
+def _total_bytes(logs: Iterable[ManagedLog]) -> int:
+    return sum(m.log.size_in_bytes for m in logs)
+
+
+@dataclass
+class PartitionStatus:
+    report: PartitionReport
+    facts: SegmentFacts | None
+    now_ms: int
+
+    @property
+    def oldest_tombstone_age_ms(self) -> int | None:
+        if self.facts is None or self.facts.oldest_tombstone_timestamp is None:
+            return None
+        return max(self.now_ms - self.facts.oldest_tombstone_timestamp, 0)
+
+    def as_dict(self) -> dict:
+        r = self.report
+        return {
+            "logDir": r.log_dir,
+            "topic": r.topic_partition.topic,
+            "partition": r.topic_partition.partition,
+            "compacted": r.compacted,
+            "segments": r.segments,
+            "sizeBytes": r.size_bytes,
+            "logStartOffset": r.log_start_offset,
+            "logEndOffset": r.log_end_offset,
+            "highWatermark": r.high_watermark,
+            "lastStableOffset": r.last_stable_offset,
+            "firstDirtyOffset": r.first_dirty_offset,
+            "firstUncleanableOffset": r.first_uncleanable_offset,
+            "cleanBytes": r.clean_bytes,
+            "cleanableBytes": r.cleanable_bytes,
+            "uncleanableBytes": r.uncleanable_bytes,
+            "cleanableRatio": round(r.cleanable_ratio, 6),
+            "minCleanableRatio": r.min_cleanable_ratio,
+            "eligible": r.eligible,
+            "reason": r.reason,
+            "uncleanableReason": r.uncleanable_reason,
+            "compactionDelaySeconds": r.compaction_delay_ms / 1000.0,
+            "records": self.facts.records if self.facts else None,
+            "tombstones": self.facts.tombstones if self.facts else None,
+            "oldestTombstoneAgeSeconds": (
+                self.oldest_tombstone_age_ms / 1000.0 if self.oldest_tombstone_age_ms is not None else None
+            ),
+            "pendingStartup": r.pending_startup,
+        }
+
+
+def status(
+    paths: Sequence[str | Path],
+    policy: Policy,
+    time: Time,
+    *,
+    facts_cache: FactsCache | None = None,
+    manager: LogCleanerManager | None = None,
+) -> list[PartitionStatus]:
+    """Every matched partition's cleaning picture, computed read-only: safe next to a
+    live broker (no file is created, changed or locked)."""
+    log_dirs = [LogDirectory(p, read_only=True) for p in paths]
+    manager = manager or LogCleanerManager(log_dirs, policy, time, write_checkpoints=False)
+    cache = facts_cache or FactsCache()
+    now = time.milliseconds()
+    out = []
+    logs = manager.logs()
+    for report in manager.report(now):
+        facts = _log_facts(logs[report.topic_partition], cache)
+        out.append(PartitionStatus(report, facts, now))
+    return out
+
+
+def _log_facts(managed: ManagedLog, cache: FactsCache) -> SegmentFacts | None:
+    segments = managed.log.segments
+    total = SegmentFacts()
+    try:
+        for i, segment in enumerate(segments):
+            total = total + cache.facts(segment, active=i == len(segments) - 1)
+    except (KafkaCleanerError, OSError) as e:
+        log.warning("cannot scan %s: %s", managed.topic_partition, e)
+        return None
+    return total
+
+
+__all__ = ["CleanOutcome", "LogDirLockedError", "PartitionStatus", "clean", "locked", "status"]
