@@ -12,6 +12,7 @@ import click
 from cleaner import __version__
 from cleaner.commands import clean_command, run_command, status_command
 from cleaner.dump import dump
+from cleaner.generate import generate_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,6 +22,7 @@ def main() -> None:
 
 
 main.add_command(dump)
+main.add_command(generate_command)
 main.add_command(clean_command)
 main.add_command(run_command)
 main.add_command(status_command)

@@ -40,7 +40,7 @@ import numpy as np
 from cleaner.clock import Time
 from cleaner.errors import CorruptRecordError, LogCleaningAbortedError
 from cleaner.records.batch import TimestampType
-from cleaner.records.builder import build_batch, build_empty_batch, rebuild_batch
+from cleaner.records.builder import build_batch, build_empty_batch, rebuild_batches
 from cleaner.records.columns import RecordColumns, decode_records
 from cleaner.records.control import ControlRecordType
 from cleaner.records.record import Record
@@ -57,6 +57,12 @@ from .throttler import Throttler
 from .transactions import CleanedTransactionMetadata
 
 log = logging.getLogger("cleaner.engine.cleaner")
+
+MIN_READ_CHUNK = 4 << 20
+"""Columnar decoding pays a fixed cost per chunk, so reads are at least this large even
+when ``ioBufferSize / threads / 2`` is smaller (Kafka's default gives 256 KiB). Memory
+stays bounded by configuration: one such buffer per thread. Kafka's growth rules
+(``growBuffersOrFail``) still apply to batches larger than the buffer."""
 
 
 @dataclass
@@ -97,7 +103,7 @@ class Cleaner:
     ) -> None:
         self.id = cleaner_id
         self.offset_map = offset_map
-        self.io_buffer_size = max(io_buffer_size, 1)
+        self.io_buffer_size = max(io_buffer_size, MIN_READ_CHUNK)
         self.max_io_buffer_size = max_io_buffer_size
         self.read_capacity = self.io_buffer_size
         self.throttler = throttler
@@ -397,8 +403,23 @@ class Cleaner:
         records_count = chunk.records_counts
         need_horizon = (tombstone_kept | marker_for_empty_txn) & ~has_horizon
         verbatim = chunk.is_v2 & ~delete & (kept_count > 0) & (kept_count == records_count) & ~need_horizon
-        new_horizon = now + ltc.delete_retention_ms
 
+        rebuild = ~verbatim & ~delete & (kept_count > 0)
+        rebuilt = self._rebuild(
+            chunk,
+            columns,
+            v2_rows,
+            keep_rows,
+            legacy_kept,
+            rebuild,
+            need_horizon,
+            has_horizon,
+            horizon,
+            now + ltc.delete_retention_ms,
+        )
+        stats.messages_written += int(kept_count[verbatim | rebuild].sum())
+
+        # Output in source order: runs of verbatim batches as single slices of the buffer.
         output: list[bytes | memoryview] = []
         view = memoryview(chunk.buffer)
         positions = chunk.positions.tolist()
@@ -412,35 +433,52 @@ class Cleaner:
                     if run_start >= 0:
                         output.append(view[run_start:run_end])
                     run_start, run_end = positions[i], positions[i] + sizes[i]
-                stats.messages_written += int(kept_count[i])
                 continue
             if run_start >= 0:
                 output.append(view[run_start:run_end])
                 run_start = run_end = -1
-            if delete[i]:
-                continue
-            if kept_count[i] > 0:
-                if i in legacy_kept:
-                    batch = _legacy_as_v2(chunk, i, legacy_kept[i], new_horizon if need_horizon[i] else None)
-                else:
-                    horizon_ms = new_horizon if need_horizon[i] else (int(horizon[i]) if has_horizon[i] else None)
-                    assert columns is not None and keep_rows is not None
-                    v2_index = int(np.searchsorted(v2_rows, i))
-                    start, stop = (
-                        int(columns.batch_record_starts[v2_index]),
-                        int(columns.batch_record_starts[v2_index + 1]),
-                    )
-                    rows = start + np.flatnonzero(keep_rows[start:stop])
-                    batch = rebuild_batch(columns, v2_index, rows, delete_horizon_ms=horizon_ms)
-                output.append(batch)
-                stats.messages_written += int(kept_count[i])
-            elif retain_empty[i]:
+            if rebuild[i]:
+                output.append(rebuilt[i])
+            elif retain_empty[i] and not delete[i]:
                 # Kafka 4.x throws for an empty legacy batch here; an empty v2 header with
                 # the entry's offsets keeps the log end offset just as well.
                 output.append(build_empty_batch(chunk.header(i)))
         if run_start >= 0:
             output.append(view[run_start:run_end])
         return output
+
+    @staticmethod
+    def _rebuild(
+        chunk: Batches,
+        columns: RecordColumns | None,
+        v2_rows: np.ndarray,
+        keep_rows: np.ndarray | None,
+        legacy_kept: dict[int, list[Record]],
+        rebuild: np.ndarray,
+        need_horizon: np.ndarray,
+        has_horizon: np.ndarray,
+        horizon: np.ndarray,
+        new_horizon: int,
+    ) -> dict[int, bytes]:
+        """Every batch of the chunk that loses records or gains a horizon, re-encoded:
+        v2 batches all at once (``rebuild_batches``), legacy entries one by one."""
+        out: dict[int, bytes] = {}
+        horizons = np.where(need_horizon, new_horizon, np.where(has_horizon, horizon, -1))
+        targets = np.flatnonzero(rebuild & chunk.is_v2)
+        if targets.size:
+            assert columns is not None and keep_rows is not None
+            v2_index = np.searchsorted(v2_rows, targets)
+            wanted = np.zeros(len(v2_rows), dtype=bool)
+            wanted[v2_index] = True
+            rows = np.flatnonzero(keep_rows & wanted[columns.batch])
+            for i, batch in zip(
+                targets.tolist(), rebuild_batches(columns, v2_index, rows, horizons[targets]), strict=True
+            ):
+                out[i] = batch
+        for i, kept in legacy_kept.items():
+            if rebuild[i]:
+                out[i] = _legacy_as_v2(chunk, i, kept, new_horizon if need_horizon[i] else None)
+        return out
 
     def _retained_rows(
         self,

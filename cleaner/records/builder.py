@@ -92,7 +92,9 @@ def assemble_batch(
 ) -> bytes:
     """Header + (compressed) records section, with the CRC-32C over attributes..end."""
     codec = attributes & Attributes.COMPRESSION_MASK
-    section = compress(codec, records) if codec != CompressionType.NONE and records_count > 0 else bytes(records)
+    # A compressed batch always carries a compressed stream, even of no records: readers
+    # that decompress before counting would reject an empty section.
+    section = compress(codec, records) if codec != CompressionType.NONE else bytes(records)
     length = RECORD_BATCH_OVERHEAD - LOG_OVERHEAD + len(section)
     header = bytearray(
         HEADER.pack(
@@ -246,50 +248,77 @@ def build_empty_batch(header: BatchHeader) -> bytes:
 
 
 def rebuild_batch(columns: RecordColumns, batch: int, rows: np.ndarray, *, delete_horizon_ms: int | None) -> bytes:
-    """Re-encode v2 batch ``batch`` of ``columns`` keeping only ``rows`` (record rows of
-    that batch, ascending). KAFKA_NOTES §9.8:
+    """Re-encode v2 batch ``batch`` of ``columns`` keeping only ``rows`` (see ``rebuild_batches``)."""
+    horizon = -1 if delete_horizon_ms is None else delete_horizon_ms
+    return rebuild_batches(columns, np.array([batch]), np.asarray(rows, dtype=np.int64), np.array([horizon]))[0]
+
+
+def rebuild_batches(
+    columns: RecordColumns, batches: np.ndarray, rows: np.ndarray, delete_horizons_ms: np.ndarray
+) -> list[bytes]:
+    """Re-encode several v2 batches of ``columns`` at once, each keeping only its rows
+    among ``rows`` (ascending record rows of those batches). KAFKA_NOTES §9.8:
 
     - base offset and lastOffsetDelta stay (a consumer steps past removed tail records by
       the batch's last offset), as do codec, timestamp type, transactional and control
       flags, producer id/epoch/base sequence and partition leader epoch;
-    - base timestamp = the delete horizon if any, else the first kept record's timestamp;
-      every record's timestampDelta is re-based on it, so readers see unchanged
-      timestamps; maxTimestamp = max of kept timestamps (CreateTime) or the original
-      (LogAppendTime, where records read as the batch's maxTimestamp);
+    - base timestamp = the delete horizon if any (``delete_horizons_ms`` >= 0), else the
+      first kept record's timestamp; every record's timestampDelta is re-based on it so
+      readers see unchanged timestamps; maxTimestamp = max of the kept timestamps
+      (CreateTime) or the original (LogAppendTime, where records read as the batch's
+      maxTimestamp);
     - each kept record's body (offsetDelta .. headers) is copied byte for byte.
+
+    All records of all the batches are re-encoded in one vectorised pass; only the
+    headers, compression and CRCs are per batch.
     """
-    batches = columns.batches
-    header = batches.header(batch)
+    headers = columns.batches
+    batches = np.asarray(batches, dtype=np.int64)
     rows = np.asarray(rows, dtype=np.int64)
+    horizons = np.asarray(delete_horizons_ms, dtype=np.int64)
+    row_batch = columns.batch[rows]
+    # Where each batch's kept rows start in ``rows`` (rows are grouped by batch, ascending).
+    first = np.searchsorted(row_batch, batches, side="left")
+    last = np.searchsorted(row_batch, batches, side="right")
+    counts = last - first
     timestamps = columns.timestamps[rows]
-    log_append = bool(header.attributes & Attributes.LOG_APPEND_TIME)
-    if delete_horizon_ms is not None:
-        base_timestamp = delete_horizon_ms
-    else:
-        base_timestamp = int(timestamps[0]) if rows.size else NO_TIMESTAMP
-    if log_append:
-        max_timestamp = header.max_timestamp
-    else:
-        max_timestamp = int(timestamps.max()) if rows.size else NO_TIMESTAMP
-    deltas = timestamps - base_timestamp
-    section = _reencode_records(columns, rows, deltas)
-    timestamp_type = TimestampType.LOG_APPEND_TIME if log_append else TimestampType.CREATE_TIME
-    attributes = _attributes(
-        header.compression, timestamp_type, header.is_transactional, header.is_control, delete_horizon_ms is not None
-    )
-    return assemble_batch(
-        base_offset=header.base_offset,
-        last_offset_delta=header.last_offset_delta,
-        attributes=attributes,
-        base_timestamp=base_timestamp,
-        max_timestamp=max_timestamp,
-        producer_id=header.producer_id,
-        producer_epoch=header.producer_epoch,
-        base_sequence=header.base_sequence,
-        records_count=int(rows.size),
-        records=section,
-        partition_leader_epoch=header.partition_leader_epoch,
-    )
+    has_rows = counts > 0
+    first_ts = np.full(batches.size, NO_TIMESTAMP, dtype=np.int64)
+    first_ts[has_rows] = timestamps[first[has_rows]]
+    base_ts = np.where(horizons >= 0, horizons, first_ts)
+    deltas = timestamps - np.repeat(base_ts, counts)
+    section, record_ends = _reencode_records(columns, rows, deltas)
+    section_bounds = np.concatenate(([0], record_ends))
+    attrs = headers.attributes[batches]
+    log_append = (attrs & Attributes.LOG_APPEND_TIME) != 0
+    max_ts = np.full(batches.size, NO_TIMESTAMP, dtype=np.int64)
+    if rows.size:
+        starts = first[has_rows]
+        max_ts[has_rows] = np.maximum.reduceat(timestamps, starts)
+    max_ts = np.where(log_append, headers.max_timestamps[batches], max_ts)
+    out = []
+    view = memoryview(section)
+    for j, b in enumerate(batches.tolist()):
+        h = headers.header(b)
+        timestamp_type = TimestampType.LOG_APPEND_TIME if log_append[j] else TimestampType.CREATE_TIME
+        attributes = _attributes(h.compression, timestamp_type, h.is_transactional, h.is_control, horizons[j] >= 0)
+        records = view[int(section_bounds[first[j]]) : int(section_bounds[last[j]])]
+        out.append(
+            assemble_batch(
+                base_offset=h.base_offset,
+                last_offset_delta=h.last_offset_delta,
+                attributes=attributes,
+                base_timestamp=int(base_ts[j]),
+                max_timestamp=int(max_ts[j]),
+                producer_id=h.producer_id,
+                producer_epoch=h.producer_epoch,
+                base_sequence=h.base_sequence,
+                records_count=int(counts[j]),
+                records=records,
+                partition_leader_epoch=h.partition_leader_epoch,
+            )
+        )
+    return out
 
 
 def ragged_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -303,39 +332,30 @@ def ragged_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + shift
 
 
-def _reencode_records(columns: RecordColumns, rows: np.ndarray, deltas: np.ndarray) -> bytes:
-    """The kept records, each as ``length | attributes 0 | timestampDelta | body``.
-
-    When no delta changes (nothing before the first kept record was dropped and no
-    horizon is stamped) the records are copied whole. Otherwise the new prefixes are
-    encoded as a column and scattered between the copied bodies.
-    """
+def _reencode_records(columns: RecordColumns, rows: np.ndarray, deltas: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """The ``rows``, each as ``length | attributes 0 | timestampDelta | body``, concatenated;
+    and where each record ends in the result. New prefixes are encoded as a column and
+    scattered between the bodies copied from the source."""
     if rows.size == 0:
-        return b""
+        return b"", np.zeros(0, dtype=np.int64)
     raw = np.frombuffer(columns.data, dtype=np.uint8)
-    if np.array_equal(deltas, columns.timestamp_delta[rows]):
-        starts = columns.start[rows]
-        return raw[ragged_ranges(starts, columns.end[rows] - starts)].tobytes()
     body_start = columns.body_start[rows]
     body_len = columns.end[rows] - body_start
     delta_bytes, delta_size = encode_varints(deltas)
     record_len = 1 + delta_size + body_len
     len_bytes, len_size = encode_varints(record_len)
     prefix_matrix = np.concatenate([len_bytes, np.zeros((rows.size, 1), dtype=np.uint8), delta_bytes], axis=1)
-    col = np.arange(prefix_matrix.shape[1])
+    col = np.arange(10)
     keep = np.concatenate(
-        [
-            col[None, :10] < len_size[:, None],
-            np.ones((rows.size, 1), dtype=bool),
-            col[None, :10] < delta_size[:, None],
-        ],
+        [col[None, :] < len_size[:, None], np.ones((rows.size, 1), dtype=bool), col[None, :] < delta_size[:, None]],
         axis=1,
     )
     prefix = prefix_matrix[keep]
     prefix_len = len_size + 1 + delta_size
     total_len = prefix_len + body_len
-    out_start = np.cumsum(total_len) - total_len
-    out = np.empty(int(total_len.sum()), dtype=np.uint8)
+    ends = np.cumsum(total_len)
+    out_start = ends - total_len
+    out = np.empty(int(ends[-1]), dtype=np.uint8)
     out[ragged_ranges(out_start, prefix_len)] = prefix
     out[ragged_ranges(out_start + prefix_len, body_len)] = raw[ragged_ranges(body_start, body_len)]
-    return out.tobytes()
+    return out.tobytes(), ends

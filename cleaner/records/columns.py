@@ -29,7 +29,7 @@ from cleaner.records.varint import MAX_VARLONG_BYTES, decode_varint, decode_vari
 
 MIN_RECORD_SIZE = 7  # length, attributes, timestampDelta, offsetDelta, keyLength, valueLength, headerCount
 MIN_HEADER_SIZE = 2  # keyLength, valueLength
-_LOCKSTEP_MIN_WIDTH = 8  # below this many batches in step, a per-record loop is cheaper
+_LOCKSTEP_MIN_WIDTH = 48  # below this many batches in step, the per-record loop is cheaper (measured)
 
 
 class RecordColumns:
@@ -148,11 +148,12 @@ def decode_records(
         batches = batches.select(batches.is_v2)
     n = len(batches)
     counts = batches.records_counts
-    compressed = batches.compression != 0
+    # Kafka reads no records of a batch whose count is 0 and never looks at its section.
+    compressed = (batches.compression != 0) & (counts > 0)
     if not compressed.any():
         data = batches.buffer
         sec_start = batches.positions + RECORD_BATCH_OVERHEAD
-        sec_end = batches.positions + batches.sizes
+        sec_end = np.where(counts > 0, batches.positions + batches.sizes, sec_start)
     else:
         data, sec_start, sec_end = _decompress_sections(batches, compressed, max_decompressed_bytes)
     raw = np.frombuffer(data, dtype=np.uint8)
@@ -178,6 +179,9 @@ def _decompress_sections(
         )
     ):
         section = view[p + RECORD_BATCH_OVERHEAD : p + size]
+        if batches.records_counts[i] == 0:
+            pieces.append(b"")
+            continue
         if not compressed[i]:
             pieces.append(section)
             continue
