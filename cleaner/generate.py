@@ -36,7 +36,9 @@ and legacy tombstone clocks reproducible; other files keep the time they were wr
 Speed: records are encoded by ``cleaner.records.bulk`` about 1 MiB at a time (one numpy
 pass per field); value bytes cost nothing per byte (they are a tiled JSON-like text, see
 ``bulk.encode_records``). Python runs once per batch (header, codec, CRC, producer state),
-never once per record.
+never once per record. Appends, rolls (with their fsyncs) and producer snapshots run on one
+writer thread a few chunks behind the encoder, so disk waits overlap with encoding; the
+order of everything written is fixed, so the thread changes no byte.
 """
 
 from __future__ import annotations
@@ -118,7 +120,10 @@ PIPELINE_DEPTH = 8  # encoded chunks waiting for the writer thread
 KEY_TABLE_MAX = 1 << 21  # up to this many keys are formatted once per partition, not per chunk
 BACKGROUND_BYTES = 256 * 1024 + 37  # the JSON-like text that values are cut from
 NODE_ID = 1
+MAX_KEYS = 10_000_000  # per-partition key tables cost ~40 bytes per key
 MAX_VALUE_BYTES = 512 * 1024  # 1.5 x this stays under Kafka's default max.message.bytes
+MAX_BATCH_BYTES = 1_000_000  # Kafka's max.message.bytes default is 1048588
+SEQUENCE_WRAP = 2**31  # a producer's sequence goes from Int.MAX back to 0
 T = TypeVar("T")
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")
 _MAX_TOPIC_NAME = 249
@@ -179,7 +184,7 @@ class GeneratorConfig:
         need(self.partitions >= 1, "partitions", "must be at least 1", self.partitions)
         need(self.records >= 0, "records", "cannot be negative", self.records)
         need(self.keys >= 1, "keys", "must be at least 1", self.keys)
-        need(self.keys <= 1_000_000_000, "keys", "must be at most 1e9", self.keys)
+        need(self.keys <= MAX_KEYS, "keys", f"must be at most {MAX_KEYS}", self.keys)
         need(math.isfinite(self.key_skew) and self.key_skew >= 0, "key-skew", "must be >= 0", self.key_skew)
         need(
             0 <= self.value_bytes <= MAX_VALUE_BYTES,
@@ -197,7 +202,12 @@ class GeneratorConfig:
         need(0.0 <= self.transactions <= 1.0, "transactions", "must be a ratio in [0, 1]", self.transactions)
         need(self.segment_bytes >= 1024, "segment-bytes", "must be at least 1024", self.segment_bytes)
         need(self.segment_bytes <= 2**31 - 1, "segment-bytes", "must fit an int32 (Kafka's limit)", self.segment_bytes)
-        need(64 <= self.batch_bytes <= 1_000_000, "batch-bytes", "must be in [64, 1000000]", self.batch_bytes)
+        need(
+            64 <= self.batch_bytes <= MAX_BATCH_BYTES,
+            "batch-bytes",
+            f"must be in [64, {MAX_BATCH_BYTES}]",
+            self.batch_bytes,
+        )
         need(self.seed >= 0, "seed", "cannot be negative", self.seed)
         need(0 < self.hours <= 24 * 365 and math.isfinite(self.hours), "hours", "must be in (0, 8760]", self.hours)
         need(
@@ -404,18 +414,31 @@ class _Pipeline:
     caller: encoding (numpy, codecs) overlaps with appends, fsyncs at rolls and the page
     cache's write-back, which would otherwise leave the CPU idle about half the time.
 
-    The first failed job fails every later ``submit`` and the exit of the ``with`` block.
+    After a job fails, later jobs are skipped (nothing more is written), and the next
+    ``submit`` or the exit of the ``with`` block raises the error.
     """
 
     def __init__(self, depth: int) -> None:
         self.depth = depth
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate-writer")
         self._pending: deque[Future[Any]] = deque()
+        self._error: BaseException | None = None
+
+    def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        if self._error is not None:
+            raise self._error
+        try:
+            return fn(*args)
+        except BaseException as e:
+            self._error = e
+            raise
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        if self._error is not None:
+            raise self._error
         while len(self._pending) >= self.depth:
             self._pending.popleft().result()
-        future = self._executor.submit(fn, *args)
+        future = self._executor.submit(self._run, fn, args)
         self._pending.append(future)
         return future
 
@@ -438,8 +461,7 @@ class _Pipeline:
 class _Producer:
     producer_id: int
     epoch: int
-    transactional: bool
-    coordinator_epoch: int = 0
+    coordinator_epoch: int = -1
     next_sequence: int = 0
 
 
@@ -502,6 +524,12 @@ class _PartitionWriter:
         self.key_cdf = np.cumsum(weights)
         self.key_cdf /= self.key_cdf[-1]
         self.key_of_rank = self.rng.permutation(config.keys)
+        # Guide table (Chen & Asau): the first rank whose CDF passes j/G, so a draw starts
+        # its search there and takes a step or two instead of a binary search.
+        self.guide_size = min(4 * config.keys, 1 << 22)
+        self.key_guide = np.searchsorted(
+            self.key_cdf, np.arange(self.guide_size, dtype=np.float64) / self.guide_size, side="right"
+        )
         self.seen = np.zeros(config.keys, dtype=bool)
         self.key_table = (
             _key_matrix(self.key_prefix, np.arange(config.keys, dtype=np.int64), self.key_digits)
@@ -510,12 +538,13 @@ class _PartitionWriter:
         )
 
         base = 1000 + 20 * topic_index
-        self.idempotent = [_Producer(base + i, 0, False) for i in range(IDEMPOTENT_PRODUCERS)]
+        self.idempotent = [_Producer(base + i, 0) for i in range(IDEMPOTENT_PRODUCERS)]
         self.txn_producers = [
-            _Producer(base + 10 + j, 2 * j, True, coordinator_epoch=1 + (topic_index + j) % 3)
+            _Producer(base + 10 + j, 2 * j, coordinator_epoch=1 + (topic_index + j) % 3)
             for j in range(TRANSACTIONAL_PRODUCERS)
         ]
         self.open_txns: list[_Txn] = []
+        self.last_snapshot = 0  # takeSnapshot writes only past the last one (the log start at first)
 
         self.next_offset = 0
         self.next_record = 0
@@ -530,6 +559,7 @@ class _PartitionWriter:
         """A broker snapshots its producer state at every roll, named by the new segment's base."""
         self.psm.update_map_end_offset(new_base_offset)
         self.psm.write_snapshot(log.dir, new_base_offset)
+        self.last_snapshot = new_base_offset
 
     # -- planning -----------------------------------------------------------------------
     def _batch_counts(self) -> np.ndarray:
@@ -541,7 +571,8 @@ class _PartitionWriter:
             return np.zeros(0, dtype=np.int64)
         per_record = _record_size_estimate(self.config, self.topic_index)
         full = self.config.batch_bytes / per_record * (2.0 if self.codec != CompressionType.NONE else 1.0)
-        full = max(1.0, full)
+        # Even uncompressed, a batch stays under the broker's default max.message.bytes.
+        full = max(1.0, min(full, MAX_BATCH_BYTES / (per_record * 1.5)))
         parts: list[np.ndarray] = []
         have = 0
         while have < total:
@@ -591,6 +622,18 @@ class _PartitionWriter:
         self.broker_time = min(self.config.clock_ms, self.broker_time + delay)
         return self.broker_time
 
+    def _draw_ranks(self, u: np.ndarray) -> np.ndarray:
+        """``searchsorted(cdf, u, side="right")`` (the 0-based rank whose CDF step holds u),
+        by a forward search from the guide table: same result, a few times faster."""
+        size = self.guide_size
+        ranks = self.key_guide[np.minimum((u * size).astype(np.int64), size - 1)]
+        cdf = self.key_cdf
+        more = np.flatnonzero(cdf[ranks] <= u)
+        while more.size:
+            ranks[more] += 1
+            more = more[cdf[ranks[more]] <= u[more]]
+        return ranks
+
     # -- one chunk of data batches ---------------------------------------------------------
     def _write_chunk(self, counts: np.ndarray, transactional: np.ndarray) -> None:
         config, rng = self.config, self.rng
@@ -599,14 +642,13 @@ class _PartitionWriter:
         first = np.cumsum(counts) - counts  # chunk-relative record index of each batch's first record
 
         # Per-record columns.
-        ranks = np.searchsorted(self.key_cdf, rng.random(n), side="right")
-        key_ids = self.key_of_rank[np.minimum(ranks, config.keys - 1)]
-        # A tombstone deletes a key that exists: one written in an earlier chunk (the
-        # first chunk of a partition therefore has none).
+        key_ids = self.key_of_rank[self._draw_ranks(rng.random(n))]
+        # A tombstone deletes a key that exists: one written in an earlier chunk (so the
+        # first chunk of a partition has none; later chunks make up for it).
         eligible = self.seen[key_ids]
-        share = float(eligible.mean()) if n else 0.0
-        p_tombstone = min(1.0, config.tombstones / share) if share > 0 else 0.0
-        tombstone = eligible & (rng.random(n) < p_tombstone)
+        wanted = config.tombstones * (self.next_record + n) - self.tombstones
+        share = wanted / max(int(eligible.sum()), 1)
+        tombstone = eligible & (rng.random(n) < min(max(share, 0.0), 1.0))
         self.seen[key_ids] = True
         lo, hi = (config.value_bytes + 1) // 2, config.value_bytes * 3 // 2
         value_lengths = rng.integers(lo, hi + 1, size=n)
@@ -620,44 +662,71 @@ class _PartitionWriter:
         delays = rng.integers(0, APPEND_DELAY_MS + 1, size=m)
 
         # Per-batch producers, offsets and the transaction markers between batches.
-        coin = rng.random(m)
         pick = rng.integers(0, 1 << 30, size=m)
-        txn_batches = rng.integers(1, MAX_BATCHES_PER_TRANSACTION + 1, size=m)
-        aborts = rng.random(m) < ABORT_RATIO
         producer_ids = np.full(m, -1, dtype=np.int64)
         epochs = np.full(m, -1, dtype=np.int64)
         sequences = np.full(m, -1, dtype=np.int64)
-        bases = np.empty(m, dtype=np.int64)
-        append_times = np.empty(m, dtype=np.int64)
-        order: list[int | _Marker] = []  # data batch index or marker, in log order
-        counts_list = counts.tolist()
-        for i, is_txn in enumerate(transactional.tolist()):
-            producer: _Producer | None = None
-            txn: _Txn | None = None
-            if is_txn:
-                free = [p for p in self.txn_producers if all(t.producer is not p for t in self.open_txns)]
-                if not self.open_txns or (len(self.open_txns) < MAX_OPEN_TRANSACTIONS and free and coin[i] < 0.5):
-                    txn = _Txn(free[int(pick[i]) % len(free)], int(txn_batches[i]), bool(aborts[i]))
-                    self.open_txns.append(txn)
+        if config.idempotent:
+            which = pick % len(self.idempotent)
+            for k, producer in enumerate(self.idempotent):
+                mine = np.flatnonzero((which == k) & ~transactional)
+                mine_counts = counts[mine]
+                producer_ids[mine] = producer.producer_id
+                epochs[mine] = producer.epoch
+                sequences[mine] = (producer.next_sequence + np.cumsum(mine_counts) - mine_counts) % SEQUENCE_WRAP
+                producer.next_sequence = (producer.next_sequence + int(mine_counts.sum())) % SEQUENCE_WRAP
+        ended: dict[int, _Txn] = {}  # data batch index -> transaction its marker ends, right after it
+        txn_rows = np.flatnonzero(transactional)
+        if txn_rows.size:
+            coin = rng.random(txn_rows.size).tolist()
+            lengths = rng.integers(1, MAX_BATCHES_PER_TRANSACTION + 1, size=txn_rows.size).tolist()
+            aborts = (rng.random(txn_rows.size) < ABORT_RATIO).tolist()
+            picks = pick[txn_rows].tolist()
+            counts_list = counts.tolist()
+            for j, i in enumerate(txn_rows.tolist()):
+                open_txns = self.open_txns
+                if not open_txns or (len(open_txns) < MAX_OPEN_TRANSACTIONS and coin[j] < 0.5):
+                    free = [p for p in self.txn_producers if all(t.producer is not p for t in open_txns)]
+                    txn = _Txn(free[picks[j] % len(free)], lengths[j], aborts[j])
+                    open_txns.append(txn)
                 else:
-                    txn = self.open_txns[int(pick[i]) % len(self.open_txns)]
+                    txn = open_txns[picks[j] % len(open_txns)]
                 producer = txn.producer
-            elif config.idempotent:
-                producer = self.idempotent[int(pick[i]) % len(self.idempotent)]
-            if producer is not None:
                 producer_ids[i] = producer.producer_id
                 epochs[i] = producer.epoch
                 sequences[i] = producer.next_sequence
-                producer.next_sequence += counts_list[i]  # int32 wrap is out of reach here
-            bases[i] = self.next_offset
-            self.next_offset += counts_list[i]
-            append_times[i] = max(self.broker_time, min(config.clock_ms, int(batch_max_create[i]) + int(delays[i])))
-            self.broker_time = int(append_times[i])
-            order.append(i)
-            if txn is not None:
+                producer.next_sequence = (producer.next_sequence + counts_list[i]) % SEQUENCE_WRAP
                 txn.remaining -= 1
                 if txn.remaining == 0:
-                    order.append(self._end_txn(txn))
+                    open_txns.remove(txn)
+                    ended[i] = txn
+        marker_after = np.zeros(m, dtype=np.int64)
+        marker_rows = np.fromiter(ended, dtype=np.int64, count=len(ended))
+        marker_after[marker_rows] = 1
+        slots = counts + marker_after
+        bases = self.next_offset + np.cumsum(slots) - slots
+        self.next_offset += int(slots.sum())
+        # The broker's clock at each append: a batch arrives a few ms after its last
+        # CreateTime, a marker a few ms after the batch before it; never backwards, never
+        # past now. Events in log order: batch i sits at i + (markers before it).
+        event_of_batch = np.arange(m, dtype=np.int64) + np.cumsum(marker_after) - marker_after
+        candidate = np.empty(m + marker_rows.size, dtype=np.int64)
+        candidate[event_of_batch] = batch_max_create + delays
+        marker_events = event_of_batch[marker_rows] + 1
+        candidate[marker_events] = candidate[marker_events - 1] + 1 + rng.integers(0, APPEND_DELAY_MS, marker_rows.size)
+        candidate[0] = max(int(candidate[0]), self.broker_time)
+        event_times = np.minimum(np.maximum.accumulate(candidate), config.clock_ms)
+        self.broker_time = int(event_times[-1])
+        append_times = event_times[event_of_batch]
+        markers = {
+            i: _Marker(txn, int(bases[i] + counts[i]), int(event_times[event_of_batch[i] + 1]))
+            for i, txn in ended.items()
+        }
+        order: list[int | _Marker] = []  # data batch index or marker, in log order
+        for i in range(m):
+            order.append(i)
+            if i in markers:
+                order.append(markers[i])
 
         offsets = np.repeat(bases - first, counts) + np.arange(n, dtype=np.int64)
         if self.key_table is not None:
@@ -778,7 +847,8 @@ class _PartitionWriter:
         log = self.log
         leo = log.log_end_offset
         self.psm.update_map_end_offset(leo)
-        self.psm.write_snapshot(self.dir, leo)  # clean shutdown: a snapshot at the log end
+        if leo > self.last_snapshot:  # clean shutdown: a snapshot at the log end (none for an empty log)
+            self.psm.write_snapshot(self.dir, leo)
         active = log.active_segment
         assert active is not None
         active.on_become_inactive()  # a closing segment gets its final time-index entry
@@ -828,8 +898,13 @@ def generate(
     progress: Callable[[int], None] | None = None,
 ) -> GenerateSummary:
     """Write a broker log dir into ``data_dir`` (absent or empty; anything else raises
-    FileExistsError before a byte is written). ``progress`` is called with the number of
-    bytes just appended to a log, as the work goes. Bad options raise ValueError."""
+    FileExistsError before a byte is written) and return what was written. Bad options
+    raise ValueError.
+
+    ``progress`` is called with the number of bytes just appended to a partition's log
+    (an increment; the increments add up to ``summary.totals["bytes"]``). It is called from
+    the writer thread, one call at a time.
+    """
     config = config or GeneratorConfig()
     config.validate()
     root = Path(data_dir)
@@ -882,57 +957,45 @@ def _format_bytes(n: float) -> str:
 
 
 def _print_table(summary: GenerateSummary) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"Generated {summary.data_dir}")
-    for name in (
-        "partition",
-        "codec",
-        "time",
-        "segments",
-        "size",
-        "batches",
-        "records",
-        "keys",
-        "tombstones",
-        "txn commit/abort",
-        "LEO",
-    ):
-        table.add_column(name, justify="left" if name in ("partition", "codec", "time") else "right")
+    table = Table(title=f"Generated {summary.data_dir}", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    columns = ("partition", "codec", "segs", "size", "records", "keys", "tombst.", "txn c/a", "LEO")
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("partition", "codec") else "right")
     for p in summary.partitions:
         table.add_row(
             f"{p.topic}-{p.partition}",
-            p.compression,
-            p.timestamp_type,
+            p.compression + ("/LAT" if p.timestamp_type == "LogAppendTime" else ""),
             str(p.segments),
             _format_bytes(p.bytes),
-            f"{p.batches:,}",
-            f"{p.records:,}",
-            f"{p.distinct_keys:,}",
-            f"{p.tombstones:,}",
+            str(p.records),
+            str(p.distinct_keys),
+            str(p.tombstones),
             f"{p.transactions_committed}/{p.transactions_aborted}",
-            f"{p.log_end_offset:,}",
+            str(p.log_end_offset),
         )
     t = summary.totals
     table.add_section()
     table.add_row(
-        f"{t['partitions']} partitions",
-        "",
+        "total",
         "",
         str(t["segments"]),
         _format_bytes(t["bytes"]),
-        f"{t['batches']:,}",
-        f"{t['records']:,}",
-        f"{t['distinct_keys']:,}",
-        f"{t['tombstones']:,}",
+        str(t["records"]),
+        str(t["distinct_keys"]),
+        str(t["tombstones"]),
         f"{t['transactions_committed']}/{t['transactions_aborted']}",
         "",
     )
-    console = Console()
+    table.caption = "LAT = LogAppendTime (others CreateTime); txn c/a = transactions committed/aborted"
+    # Off a terminal (a pipe, a CI log) rich would wrap at 80 columns and squeeze the table.
+    console = Console() if sys.stdout.isatty() else Console(width=200)
     console.print(table)
     console.print(
-        f"{_format_bytes(t['bytes'])} in {summary.elapsed_seconds:.1f} s ({summary.megabytes_per_second:.0f} MB/s)"
+        f"{_format_bytes(t['bytes'])} in {summary.elapsed_seconds:.2f} s ({summary.megabytes_per_second:.0f} MB/s)"
     )
 
 
@@ -1031,8 +1094,7 @@ def generate_command(data_dir: str, as_json: bool, **options: Any) -> None:
     except FileExistsError as e:
         raise click.UsageError(str(e)) from None
 
-    stderr = click.get_text_stream("stderr")
-    if stderr.isatty() and not as_json:
+    if sys.stderr.isatty() and not as_json:
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
         total = max(1, estimate_log_bytes(config))

@@ -95,7 +95,7 @@ class Spans:
 
     @property
     def max_length(self) -> int:
-        return int(self.lengths.max()) if len(self) else 0
+        return max(int(self.lengths.max()), 0) if len(self) else 0
 
     def as_matrix(self, width: int) -> np.ndarray:
         """``(n, width)`` uint8: row i starts with string i (bytes after it are unspecified)."""
