@@ -258,7 +258,11 @@ class Log:
             active.flush()
 
     def close(self) -> None:
-        if not self.read_only:
+        """Like a broker's shutdown: the active segment gets its final time-index entry
+        (``LogSegment.close``), everything is flushed and closed."""
+        active = self.active_segment
+        if not self.read_only and active is not None:
+            active.on_become_inactive()
             self.flush()
         for seg in self._segments:
             seg.close()

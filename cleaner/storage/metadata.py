@@ -461,10 +461,17 @@ def read_clean_shutdown(log_dir: PathLike) -> CleanShutdown | None:
             data = f.read()
     except FileNotFoundError:
         return None
+    # Kafka's CleanShutdownFileHandler writes {"broker_epoch":"N","version":"0"} (string
+    # values); older notes describe {"brokerEpoch": N}. Presence is what matters to the
+    # loader, so any content (even none, from older brokers) is accepted.
     epoch: int | None = None
     try:
         content = json.loads(data.decode("utf-8"))
-        value = content.get("brokerEpoch") if isinstance(content, dict) else None
+        value = None
+        if isinstance(content, dict):
+            value = content.get("broker_epoch", content.get("brokerEpoch"))
+        if isinstance(value, str) and value.lstrip("-").isdigit():
+            value = int(value)
         if isinstance(value, int) and not isinstance(value, bool):
             epoch = value
     except (UnicodeDecodeError, ValueError):

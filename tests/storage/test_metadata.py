@@ -293,3 +293,10 @@ def test_properties_order_matches_the_installed_jdk(tmp_path):
     order = "sorted" if int(spec.split(".")[-1]) >= 18 else "chm"
     date = java_text.split("\n")[1][1:]
     assert format_meta_properties(meta, date_text=date, order=order).decode() == java_text
+
+
+def test_clean_shutdown_file_as_kafka_writes_it(tmp_path) -> None:
+    """Kafka's CleanShutdownFileHandler writes snake_case keys with string values."""
+    (tmp_path / ".kafka_cleanshutdown").write_bytes(b'{"broker_epoch":"42","version":"0"}')
+    marker = read_clean_shutdown(tmp_path)
+    assert marker is not None and marker.broker_epoch == 42
