@@ -11,6 +11,7 @@ import click
 
 from cleaner import __version__
 from cleaner.commands import clean_command, run_command, status_command
+from cleaner.demo import demo_command
 from cleaner.dump import dump
 from cleaner.generate import generate_command
 
@@ -26,6 +27,7 @@ main.add_command(generate_command)
 main.add_command(clean_command)
 main.add_command(run_command)
 main.add_command(status_command)
+main.add_command(demo_command)
 
 
 if __name__ == "__main__":  # pragma: no cover
