@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from cleaner.clock import Time
 from cleaner.config import Policy, TopicRule
 from cleaner.errors import KafkaCleanerError, LogCleaningAbortedError
-from cleaner.storage.log import Log, LogConfig
+from cleaner.storage.log import Log, LogConfig, replay_batches
 from cleaner.storage.log_dir import LogDirectory
-from cleaner.storage.producer_state import ActiveProducer
+from cleaner.storage.producer_state import ActiveProducer, ProducerStateManager
 from cleaner.storage.topic_partition import TopicPartition
 
 from .cleaner import LogToClean
@@ -118,6 +118,13 @@ class PartitionReport:
     pending_startup: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _ProducerStateCache:
+    state: ProducerStateManager
+    shape: tuple
+    log_end_offset: int
+
+
 class LogCleanerManager:
     def __init__(
         self,
@@ -137,7 +144,7 @@ class LogCleanerManager:
         self._in_progress: dict[TopicPartition, _State] = {}
         self._uncleanable: dict[str, dict[TopicPartition, str]] = {}
         self._logs: dict[TopicPartition, ManagedLog] = {}
-        self._producer_state: dict[TopicPartition, tuple[int, int, dict[int, ActiveProducer], int | None]] = {}
+        self._producer_state: dict[TopicPartition, _ProducerStateCache] = {}
         self._memory_checkpoints: dict[TopicPartition, int] = {}
         self.time_of_last_run = time.milliseconds()
         self.dirtiest_log_cleanable_ratio = 0.0
@@ -216,22 +223,38 @@ class LogCleanerManager:
 
     # -- what is cleanable ----------------------------------------------------------------
     def _producer_facts(self, managed: ManagedLog, now: int) -> tuple[dict[int, ActiveProducer], int | None]:
-        """Active producers and the first unstable offset at the log end offset, cached
-        until the log end offset or the segment list changes."""
+        """Active producers and the first unstable offset at the log end offset.
+
+        The producer state is kept between calls: while the segments are the same and the
+        log only grew, just the new batches are replayed (a live broker's log is read once);
+        anything else (a roll, a clean, retention, truncation) reloads it from the newest
+        snapshot, as a broker's start-up would."""
         the_log = managed.log
-        key = (the_log.log_end_offset, len(the_log.segments))
-        cached = self._producer_state.get(managed.topic_partition)
-        if cached is not None and cached[:2] == key:
-            return cached[2], cached[3]
-        psm = the_log.load_producer_state(
-            now,
-            producer_id_expiration_ms=self.policy.cleaner.producer_id_expiration_ms,
-            had_clean_shutdown=managed.log_dir.had_clean_shutdown,
-        )
-        high_watermark = managed.log_dir.high_watermarks().get(managed.topic_partition)
-        facts = (psm.active_producers(), psm.first_unstable_offset(high_watermark=high_watermark))
-        self._producer_state[managed.topic_partition] = (*key, *facts)
-        return facts
+        tp = managed.topic_partition
+        leo = the_log.log_end_offset
+        shape = (tuple(s.base_offset for s in the_log.segments), the_log.log_start_offset, the_log.generation)
+        cached = self._producer_state.get(tp)
+        if cached is not None and cached.shape == shape and cached.log_end_offset <= leo:
+            psm = cached.state
+            if leo > cached.log_end_offset:
+                for batches in the_log.iter_batches(cached.log_end_offset):
+                    replay_batches(psm, batches)
+                psm.update_map_end_offset(leo)
+        else:
+            psm = the_log.load_producer_state(
+                now,
+                producer_id_expiration_ms=self.policy.cleaner.producer_id_expiration_ms,
+                had_clean_shutdown=managed.log_dir.had_clean_shutdown,
+            )
+        self._producer_state[tp] = _ProducerStateCache(psm, shape, leo)
+        high_watermark = managed.log_dir.high_watermarks().get(tp)
+        return psm.active_producers(), psm.first_unstable_offset(high_watermark=high_watermark)
+
+    def refresh(self) -> None:
+        """Look again at logs another process changes (read-only logs of a live broker)."""
+        with self._lock:
+            for managed in self._logs.values():
+                managed.log.refresh()
 
     def last_stable_offset(self, managed: ManagedLog, now: int) -> tuple[int, int | None]:
         """(LSO, high watermark). Without a high watermark in ``replication-offset-checkpoint``

@@ -104,15 +104,15 @@ class Log:
             if base is None:
                 continue
             suffix = SWAP_SUFFIX if name in pending_swaps else ""
-            segments.append(
-                LogSegment(
-                    d,
-                    base,
-                    suffix=suffix,
-                    index_interval_bytes=config.index_interval_bytes,
-                    max_index_size=config.segment_index_bytes,
-                )
+            segment = LogSegment(
+                d,
+                base,
+                suffix=suffix,
+                index_interval_bytes=config.index_interval_bytes,
+                max_index_size=config.segment_index_bytes,
             )
+            segment.same_file()  # remember which file it is
+            segments.append(segment)
         first_base = segments[0].base_offset if segments else 0
         start = max(log_start_offset if log_start_offset is not None else first_base, first_base)
         log = cls(
@@ -172,10 +172,46 @@ class Log:
         return self._log_end_offset
 
     def refresh(self) -> None:
-        """Forget cached sizes and the end offset (another process appended)."""
+        """See what another process (a live broker) did since the last look: segments
+        rolled, deleted by retention or swapped in, the active segment grown. Segment
+        objects whose files did not change are kept with everything they cached (loaded
+        indexes, the end-offset scan position), so an unchanged closed segment costs no
+        reads. Only for read-only logs; a writable log is changed through this object."""
+        if not self.read_only:
+            self._log_end_offset = None
+            for seg in self._segments:
+                seg.refresh_size()
+            return
+        plan = startup_plan_for(self.dir)
+        names = plan.resulting_names(regular_files(self.dir))
+        pending_swaps = {new: old for old, new in plan.rename}
+        current = {(s.base_offset, s.suffix): s for s in self._segments}
+        segments = []
+        for name in sorted(names):
+            base = offset_of(name) if name.endswith(LOG_SUFFIX) else None
+            if base is None:
+                continue
+            suffix = SWAP_SUFFIX if name in pending_swaps else ""
+            seg = current.get((base, suffix))
+            if seg is None or not seg.same_file():
+                seg = LogSegment(
+                    self.dir,
+                    base,
+                    suffix=suffix,
+                    index_interval_bytes=self.config.index_interval_bytes,
+                    max_index_size=self.config.segment_index_bytes,
+                )
+                seg.same_file()
+            else:
+                seg.refresh_size()
+            segments.append(seg)
+        if [s.base_offset for s in segments] != [s.base_offset for s in self._segments]:
+            self.generation += 1
+        self._segments = segments
+        self.pending_startup = plan.notes
+        if segments:
+            self.log_start_offset = max(self.log_start_offset, segments[0].base_offset)
         self._log_end_offset = None
-        for seg in self._segments:
-            seg.refresh_size()
 
     @property
     def size_in_bytes(self) -> int:
@@ -417,7 +453,11 @@ class Log:
         for seg in self._segments:
             if first is not None and seg.base_offset < first.base_offset:
                 continue
-            position = seg.offset_index.lookup(start_offset)[1] if seg is first else 0
+            if seg is first:
+                hint = seg.position_hint(start_offset)
+                position = hint if hint is not None else seg.offset_index.lookup(start_offset)[1]
+            else:
+                position = 0
             for chunk in seg.iter_batches(position):
                 keep = chunk.last_offsets >= start_offset
                 if not keep.all():

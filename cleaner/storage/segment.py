@@ -121,6 +121,9 @@ class LogSegment:
         self._size = size
         self._indexer: _Indexer | None = None
         self._append_file = None
+        self._tail: tuple[int, int] | None = None  # (position scanned to, next offset there)
+        self._identity: tuple[int, int] | None = None
+        self._first_batch_timestamp: int | None = None
 
     # -- files --------------------------------------------------------------------------
     def path(self, kind: str) -> Path:
@@ -173,6 +176,18 @@ class LogSegment:
         seg._time_index = TimeIndex(base_offset, max_index_size, path=seg.time_index_path)
         seg._txn_index = TransactionIndex(base_offset, path=seg.txn_index_path)
         return seg
+
+    def same_file(self) -> bool:
+        """Whether the ``.log`` is still the file this object first looked at (not
+        replaced by a swap, not deleted)."""
+        try:
+            st = self.log_path.stat()
+        except FileNotFoundError:
+            return False
+        identity = (st.st_ino, st.st_dev)
+        if self._identity is None:
+            self._identity = identity
+        return self._identity == identity
 
     @property
     def size(self) -> int:
@@ -306,14 +321,35 @@ class LogSegment:
                 position += result.end
 
     def read_next_offset(self) -> int:
-        """Offset after the last batch, or the base offset when empty (``readNextOffset``):
-        scans only from the last offset-index entry."""
+        """Offset after the last batch, or the base offset when empty (``readNextOffset``).
+
+        The first call scans from the last offset-index entry; later calls continue from
+        where the previous one stopped, so a segment another process keeps appending to
+        (a live broker's active segment) is read only once. A shrunk file or bytes that do
+        not parse from there (truncated and rewritten) start the scan over."""
+        size = self.size
+        if self._tail is not None and self._tail[0] <= size:
+            try:
+                return self._scan_tail(*self._tail)
+            except CorruptDataError:
+                pass
+        self._tail = None
         _, position = self.offset_index.last_entry if self.offset_index.entries else (self.base_offset, 0)
-        next_offset = self.base_offset
+        return self._scan_tail(position, self.base_offset)
+
+    def _scan_tail(self, position: int, next_offset: int) -> int:
         for chunk in self.iter_batches(position, allow_truncated_tail=True):
-            if len(chunk):
-                next_offset = int(chunk.next_offsets[-1])
+            next_offset = int(chunk.next_offsets[-1])
+            position = int(chunk.file_positions[-1] + chunk.sizes[-1])
+        self._tail = (position, next_offset)
         return next_offset
+
+    def position_hint(self, offset: int) -> int | None:
+        """The file position where ``offset`` starts, if a previous end-offset scan stopped
+        exactly there (lets a replay continue without an index lookup)."""
+        if self._tail is not None and self._tail[1] == offset and self._tail[0] <= self.size:
+            return self._tail[0]
+        return None
 
     def first_batch(self) -> Batches | None:
         if self.size == 0:
@@ -325,11 +361,14 @@ class LogSegment:
         return next(self.iter_batches(0), None)
 
     def first_batch_timestamp(self) -> int:
-        """maxTimestamp of the first batch (``getFirstBatchTimestamp``), Long.MAX if empty."""
-        first = self.first_batch()
-        if first is None or len(first) == 0:
-            return 2**63 - 1
-        return int(first.max_timestamps[0])
+        """maxTimestamp of the first batch (``getFirstBatchTimestamp``), Long.MAX if empty
+        (remembered once known: the first batch of a segment never changes)."""
+        if self._first_batch_timestamp is None:
+            first = self.first_batch()
+            if first is None or len(first) == 0:
+                return 2**63 - 1
+            self._first_batch_timestamp = int(first.max_timestamps[0])
+        return self._first_batch_timestamp
 
     # -- writing ------------------------------------------------------------------------
     def append(self, data: bytes | bytearray | memoryview, batches: Batches | None = None) -> None:
@@ -419,6 +458,7 @@ class LogSegment:
         truncated = self.size - valid
         if truncated:
             self.truncate_log_file(valid)
+        self._tail = None
         return truncated
 
     def truncate_log_file(self, size: int) -> None:
@@ -444,6 +484,7 @@ class LogSegment:
         if removed:
             self.truncate_log_file(position)
         self._indexer = None  # the running maximum is read again from the time index
+        self._tail = None
         return removed
 
     def on_become_inactive(self) -> None:
