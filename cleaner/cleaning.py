@@ -143,6 +143,7 @@ def status(
     *,
     facts_cache: FactsCache | None = None,
     manager: LogCleanerManager | None = None,
+    throttle: Callable[[int], None] | None = None,
 ) -> list[PartitionStatus]:
     """Every matched partition's cleaning picture, computed read-only: safe next to a
     live broker (no file is created, changed or locked)."""
@@ -153,17 +154,19 @@ def status(
     out = []
     logs = manager.logs()
     for report in manager.report(now):
-        facts = _log_facts(logs[report.topic_partition], cache)
+        facts = _log_facts(logs[report.topic_partition], cache, throttle)
         out.append(PartitionStatus(report, facts, now))
     return out
 
 
-def _log_facts(managed: ManagedLog, cache: FactsCache) -> SegmentFacts | None:
+def _log_facts(
+    managed: ManagedLog, cache: FactsCache, throttle: Callable[[int], None] | None = None
+) -> SegmentFacts | None:
     segments = managed.log.segments
     total = SegmentFacts()
     try:
         for i, segment in enumerate(segments):
-            total = total + cache.facts(segment, active=i == len(segments) - 1)
+            total = total + cache.facts(segment, active=i == len(segments) - 1, throttle=throttle)
     except (KafkaCleanerError, OSError) as e:
         log.warning("cannot scan %s: %s", managed.topic_partition, e)
         return None

@@ -14,6 +14,7 @@ from cleaner.commands import clean_command, run_command, status_command
 from cleaner.demo import demo_command
 from cleaner.dump import dump
 from cleaner.generate import generate_command
+from cleaner.sidecar.command import sidecar_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -28,6 +29,7 @@ main.add_command(clean_command)
 main.add_command(run_command)
 main.add_command(status_command)
 main.add_command(demo_command)
+main.add_command(sidecar_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

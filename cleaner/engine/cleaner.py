@@ -65,6 +65,9 @@ stays bounded by configuration: one such buffer per thread. Kafka's growth rules
 (``growBuffersOrFail``) still apply to batches larger than the buffer."""
 
 
+Commit = Callable[[LogSegment, list[LogSegment], int], None]
+
+
 @dataclass
 class LogToClean:
     """A log chosen for cleaning and what the manager computed about it (§6.5)."""
@@ -111,10 +114,13 @@ class Cleaner:
         self.check_done = check_done
 
     # -- the round --------------------------------------------------------------------------
-    def clean(self, ltc: LogToClean) -> tuple[int, CleanerStats]:
-        return self.do_clean(ltc, self.time.milliseconds())
+    def clean(self, ltc: LogToClean, commit: Commit | None = None) -> tuple[int, CleanerStats]:
+        return self.do_clean(ltc, self.time.milliseconds(), commit)
 
-    def do_clean(self, ltc: LogToClean, now: int) -> tuple[int, CleanerStats]:
+    def do_clean(self, ltc: LogToClean, now: int, commit: Commit | None = None) -> tuple[int, CleanerStats]:
+        """One round. ``commit(cleaned, group, generation)`` puts each group's cleaned
+        segment in place; by default the log's crash-safe swap (the sidecar's stage mode
+        instead leaves the cleaned segments for the broker's next start)."""
         the_log = ltc.log
         stats = CleanerStats(self.time)
         if ltc.first_dirty_offset >= ltc.first_uncleanable_offset:
@@ -138,7 +144,7 @@ class Cleaner:
         )
         transactions = CleanedTransactionMetadata()
         for group in groups:
-            self.clean_segments(ltc, group, now, stats, transactions, legacy_delete_horizon_ms, generation)
+            self.clean_segments(ltc, group, now, stats, transactions, legacy_delete_horizon_ms, generation, commit)
         stats.buffer_utilization = self.offset_map.utilization
         stats.all_done()
         return end_offset, stats
@@ -286,6 +292,7 @@ class Cleaner:
         transactions: CleanedTransactionMetadata,
         legacy_delete_horizon_ms: int,
         generation: int,
+        commit: Commit | None = None,
     ) -> None:
         the_log = ltc.log
         cleaned = the_log.new_cleaned_segment(group[0].base_offset)
@@ -316,7 +323,10 @@ class Cleaner:
                 [s.base_offset for s in group],
                 the_log.name,
             )
-            the_log.replace_segments([cleaned], group, expected_generation=generation)
+            if commit is None:
+                the_log.replace_segments([cleaned], group, expected_generation=generation)
+            else:
+                commit(cleaned, group, generation)
             stats.segments_written += 1
             stats.groups.append(len(group))
         except BaseException:

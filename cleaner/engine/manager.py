@@ -113,6 +113,7 @@ class PartitionReport:
     reason: str | None = None
     """Why not eligible: ratio, lag, lso, activeSegment, uncleanable, paused, cleaning, notCompacted."""
     uncleanable_reason: str | None = None
+    earliest_dirty_timestamp_ms: int | None = None
     segments: int = 0
     size_bytes: int = 0
     pending_startup: list[str] = field(default_factory=list)
@@ -314,14 +315,15 @@ class LogCleanerManager:
             return []
         return [s for s in the_log.segments_between(offset, active.base_offset)]
 
+    def earliest_dirty_timestamp(self, managed: ManagedLog, first_dirty: int) -> int:
+        """The oldest first-batch timestamp of the dirty non-active segments (Long.MAX if none)."""
+        segments = self._non_active_segments_from(managed.log, first_dirty)
+        stamps = [ts for ts in (s.first_batch_timestamp() for s in segments) if ts > 0]
+        return min(stamps) if stamps else LONG_MAX
+
     def max_compaction_delay(self, managed: ManagedLog, first_dirty: int, now: int) -> int:
         """KIP-354 (§6.4): how far past ``max.compaction.lag.ms`` the oldest dirty data is."""
-        stamps = [
-            ts
-            for ts in (s.first_batch_timestamp() for s in self._non_active_segments_from(managed.log, first_dirty))
-            if ts > 0
-        ]
-        earliest = min(stamps) if stamps else LONG_MAX
+        earliest = self.earliest_dirty_timestamp(managed, first_dirty)
         clean_until = now - max(managed.rule.max_compaction_lag_ms, 0)
         return clean_until - earliest if earliest < clean_until else 0
 
@@ -431,6 +433,8 @@ class LogCleanerManager:
         report.uncleanable_bytes = max(report.size_bytes - ltc.clean_bytes - ltc.cleanable_bytes, 0)
         report.cleanable_ratio = ltc.cleanable_ratio
         report.compaction_delay_ms = delay
+        earliest = self.earliest_dirty_timestamp(managed, ltc.first_dirty_offset)
+        report.earliest_dirty_timestamp_ms = None if earliest == LONG_MAX else earliest
         reason = self.uncleanable_reason(managed.log_dir, tp)
         state = self._in_progress.get(tp)
         if not managed.compacted:

@@ -60,6 +60,7 @@ class Log:
         log_start_offset: int,
         read_only: bool,
         pending_startup: list[str] | None = None,
+        may_stage: bool = False,
     ) -> None:
         self.dir = Path(directory)
         self.topic_partition: TopicPartition | None = parse_partition_dir(self.dir.name)
@@ -69,6 +70,9 @@ class Log:
         self.read_only = read_only
         self.pending_startup = pending_startup or []
         """In a read-only log: what the broker's start-up still has to do to the directory."""
+        self.may_stage = may_stage
+        """A read-only log that may still get new ``.cleaned`` segments written next to
+        it (the sidecar's stage mode): no existing file is ever changed."""
         self.generation = 0
         self.lock = threading.RLock()
         self._log_end_offset: int | None = None
@@ -83,6 +87,7 @@ class Log:
         *,
         log_start_offset: int | None = None,
         read_only: bool = False,
+        may_stage: bool = False,
     ) -> Log:
         """Open a partition directory. ``log_start_offset`` is the value from the log dir's
         ``log-start-offset-checkpoint``, if any (the result is the max of it and the first
@@ -122,6 +127,7 @@ class Log:
             log_start_offset=start,
             read_only=read_only,
             pending_startup=plan.notes if read_only else [],
+            may_stage=may_stage,
         )
         if not segments and not read_only:
             log._segments.append(log._new_segment(start))
@@ -148,7 +154,8 @@ class Log:
 
     def new_cleaned_segment(self, base_offset: int) -> LogSegment:
         """An empty ``<base>.log.cleaned`` (stale files of that name are replaced)."""
-        self._check_writable()
+        if not self.may_stage:
+            self._check_writable()
         return self._new_segment(base_offset, CLEANED_SUFFIX)
 
     # -- shape --------------------------------------------------------------------------

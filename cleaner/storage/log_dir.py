@@ -23,9 +23,10 @@ CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 
 
 class LogDirectory:
-    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, read_only: bool = False, may_stage: bool = False) -> None:
         self.path = Path(path).absolute()
         self.read_only = read_only
+        self.may_stage = may_stage
 
     def __str__(self) -> str:
         return str(self.path)
@@ -67,7 +68,13 @@ class LogDirectory:
         return (self.path / CLEAN_SHUTDOWN_FILE).exists()
 
     def open_log(self, tp: TopicPartition, config: LogConfig, *, log_start_offset: int | None = None) -> Log:
-        return Log.open(self.path / tp.dir_name, config, log_start_offset=log_start_offset, read_only=self.read_only)
+        return Log.open(
+            self.path / tp.dir_name,
+            config,
+            log_start_offset=log_start_offset,
+            read_only=self.read_only,
+            may_stage=self.may_stage,
+        )
 
     def lock(self) -> LogDirLock:
         """The broker's ``.lock``; hold it for as long as files are being changed."""

@@ -1,0 +1,81 @@
+"""``kafka-cleaner sidecar``: the service next to a broker (see ``cleaner.sidecar``)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import click
+
+from cleaner.clock import SYSTEM_TIME, FixedTime
+
+from .service import Sidecar, SidecarOptions
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise click.BadParameter(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+@click.command("sidecar")
+@click.option(
+    "--policy",
+    "policy_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The policy file (the operator's ConfigMap mount); reloaded when it changes.",
+)
+@click.option(
+    "--log-dir",
+    "log_dirs",
+    multiple=True,
+    required=True,
+    help="A Kafka log dir (repeatable; shell wildcards are expanded on every scan).",
+)
+@click.option("--listen", default="0.0.0.0:9410", show_default=True, help="HOST:PORT for /metrics, /status, ...")
+@click.option("--broker-name", default=None, help="Reported in /status (default: the host name).")
+@click.option("--now-ms", type=int, default=None, help="Fix the clock (epoch ms).")
+@click.option(
+    "--scan-interval-ms",
+    type=click.IntRange(min=1),
+    default=None,
+    hidden=True,
+    help="Scan period (default: the policy's reporting.intervalSeconds).",
+)
+def sidecar_command(
+    policy_path: Path,
+    log_dirs: tuple[str, ...],
+    listen: str,
+    broker_name: str | None,
+    now_ms: int | None,
+    scan_interval_ms: int | None,
+) -> None:
+    """Run next to a Kafka broker: observe, compact or stage (the policy's mode), and serve
+    /healthz, /readyz, /metrics and /status. SIGTERM stops it within seconds."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    options = SidecarOptions(
+        policy_path=policy_path,
+        log_dir_patterns=list(log_dirs),
+        broker_name=broker_name or socket.gethostname(),
+        listen=parse_listen(listen),
+        scan_interval_ms=scan_interval_ms,
+    )
+    sidecar = Sidecar(options, FixedTime(now_ms) if now_ms is not None else SYSTEM_TIME)
+    host, port = sidecar.serve()
+    logging.getLogger("cleaner.sidecar").info("listening on %s:%d", host, port)
+
+    def stop(signum: int, frame: object) -> None:
+        sidecar.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        sidecar.run()
+    finally:
+        sidecar.stop()
+    sys.exit(0)

@@ -1,0 +1,42 @@
+"""Reload the policy file when it changes.
+
+The operator mounts the policy from a ConfigMap *directory*: the kubelet swaps the whole
+directory through a ``..data`` symlink, so the file's inode and mtime are no reliable
+signal. The content is: it is read and hashed on every poll (a few KiB)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from cleaner.config import Policy, parse_policy_text
+from cleaner.errors import PolicyError
+
+
+class PolicyWatcher:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.policy: Policy | None = None
+        self.error: str | None = None
+        self._digest: bytes | None = None
+
+    def poll(self) -> Policy | None:
+        """The new policy if the file changed and parses; None otherwise (a bad or missing
+        file keeps the last good policy and sets ``error``)."""
+        try:
+            data = self.path.read_bytes()
+        except OSError as e:
+            self.error = f"{self.path}: {e.strerror or e}"
+            return None
+        digest = hashlib.sha256(data).digest()
+        if digest == self._digest:
+            return None
+        self._digest = digest
+        try:
+            policy = parse_policy_text(data.decode("utf-8", errors="replace"), source=str(self.path))
+        except PolicyError as e:
+            self.error = str(e)
+            return None
+        self.error = None
+        self.policy = policy
+        return policy

@@ -1,0 +1,205 @@
+"""What one scan found, per topic and per partition, and the ``/status`` document built
+from it (version 1; the contract with the operator, whose schema is
+``docs/sidecar-status-v1.schema.json``).
+
+The document stays under 64 KiB whatever the broker holds: ``partitions`` lists the top
+``reporting.topPartitions`` by cleanable ratio plus the uncleanable ones, ``errors`` the
+last 20, and when even that is too large (thousands of topics or uncleanable partitions)
+the lists are cut, least interesting first, and ``truncated`` says by how much.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cleaner.cleaning import PartitionStatus
+from cleaner.storage.topic_partition import TopicPartition
+
+STATUS_VERSION = 1
+MAX_STATUS_BYTES = 64 * 1024
+MAX_ERRORS = 20
+_REASONS = {"ratio", "lag", "lso", "activeSegment", "uncleanable", "paused"}
+
+
+def rfc3339(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return (
+        datetime.datetime.fromtimestamp(ms / 1000.0, tz=datetime.UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+@dataclass
+class LogDirInfo:
+    path: str
+    partitions: int = 0
+    lock_held_by_broker: bool | None = None
+    free_bytes: int = 0
+    total_bytes: int = 0
+    uncleanable_partitions: int = 0
+    uncleanable_bytes: int = 0
+
+
+@dataclass
+class TopicSummary:
+    topic: str
+    partitions: int = 0
+    dirty_bytes: int = 0
+    cleanable_bytes: int = 0
+    clean_bytes: int = 0
+    max_dirty_ratio: float = 0.0
+    tombstones: int = 0
+    oldest_tombstone_age_ms: int | None = None
+    oldest_dirty_timestamp_ms: int | None = None
+    staged_bytes: int = 0
+
+    def as_status(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "partitions": self.partitions,
+            "dirtyBytes": self.dirty_bytes,
+            "cleanableBytes": self.cleanable_bytes,
+            "cleanBytes": self.clean_bytes,
+            "maxDirtyRatio": round(self.max_dirty_ratio, 6),
+            "tombstones": self.tombstones,
+            "oldestTombstoneAgeSeconds": (
+                None if self.oldest_tombstone_age_ms is None else self.oldest_tombstone_age_ms / 1000.0
+            ),
+        }
+
+
+@dataclass
+class ScanSnapshot:
+    """The result of one scan: what ``/status`` and ``/metrics`` report until the next."""
+
+    scanned_at_ms: int
+    statuses: list[PartitionStatus] = field(default_factory=list)
+    log_dirs: list[LogDirInfo] = field(default_factory=list)
+    staged_bytes: dict[TopicPartition, int] = field(default_factory=dict)
+
+    def topics(self) -> list[TopicSummary]:
+        by_topic: dict[str, TopicSummary] = {}
+        for s in self.statuses:
+            r = s.report
+            t = by_topic.setdefault(r.topic_partition.topic, TopicSummary(r.topic_partition.topic))
+            t.partitions += 1
+            t.clean_bytes += r.clean_bytes
+            t.cleanable_bytes += r.cleanable_bytes
+            t.dirty_bytes += max(r.size_bytes - r.clean_bytes, 0)
+            t.max_dirty_ratio = max(t.max_dirty_ratio, r.cleanable_ratio)
+            t.staged_bytes += self.staged_bytes.get(r.topic_partition, 0)
+            if s.facts is not None:
+                t.tombstones += s.facts.tombstones
+            age = s.oldest_tombstone_age_ms
+            if age is not None:
+                t.oldest_tombstone_age_ms = max(t.oldest_tombstone_age_ms or 0, age)
+            if r.earliest_dirty_timestamp_ms is not None:
+                t.oldest_dirty_timestamp_ms = min(
+                    t.oldest_dirty_timestamp_ms or r.earliest_dirty_timestamp_ms, r.earliest_dirty_timestamp_ms
+                )
+        return sorted(by_topic.values(), key=lambda t: (-t.max_dirty_ratio, t.topic))
+
+    @property
+    def max_dirty_ratio(self) -> float:
+        return max((s.report.cleanable_ratio for s in self.statuses if s.report.compacted), default=0.0)
+
+    @property
+    def max_compaction_delay_ms(self) -> int:
+        return max((s.report.compaction_delay_ms for s in self.statuses), default=0)
+
+
+def partition_entry(status: PartitionStatus, last_cleaned_at_ms: int | None) -> dict[str, Any]:
+    r = status.report
+    reason = r.reason if r.reason in _REASONS else None
+    return {
+        "topic": r.topic_partition.topic,
+        "partition": r.topic_partition.partition,
+        "logDir": r.log_dir,
+        "firstDirtyOffset": r.first_dirty_offset,
+        "cleanableRatio": round(r.cleanable_ratio, 6),
+        "cleanableBytes": r.cleanable_bytes,
+        "eligible": r.eligible,
+        "reason": reason,
+        "lastCleanedAt": rfc3339(last_cleaned_at_ms),
+        "uncleanableReason": r.uncleanable_reason,
+    }
+
+
+def build_status(
+    *,
+    broker: str,
+    mode: str,
+    policy_generation: int | None,
+    snapshot: ScanSnapshot | None,
+    cleaner: dict[str, Any],
+    errors: Iterable[dict[str, Any]],
+    top_partitions: int,
+    last_cleaned_at: dict[TopicPartition, int],
+) -> dict[str, Any]:
+    statuses = snapshot.statuses if snapshot else []
+    compacted = [s for s in statuses if s.report.compacted]
+    ranked = sorted(compacted, key=lambda s: (-s.report.cleanable_ratio, str(s.report.topic_partition)))
+    top = ranked[:top_partitions]
+    chosen = {s.report.topic_partition for s in top}
+    uncleanable = [s for s in ranked if s.report.reason == "uncleanable" and s.report.topic_partition not in chosen]
+    partitions = [partition_entry(s, last_cleaned_at.get(s.report.topic_partition)) for s in top + uncleanable]
+    topics = [t.as_status() for t in snapshot.topics()] if snapshot else []
+    doc: dict[str, Any] = {
+        "version": STATUS_VERSION,
+        "broker": broker,
+        "mode": mode,
+        "policyGeneration": policy_generation,
+        "scannedAt": rfc3339(snapshot.scanned_at_ms) if snapshot else None,
+        "logDirs": [
+            {
+                "path": d.path,
+                "partitions": d.partitions,
+                "lockHeldByBroker": d.lock_held_by_broker,
+                "freeBytes": d.free_bytes,
+                "uncleanablePartitions": d.uncleanable_partitions,
+            }
+            for d in (snapshot.log_dirs if snapshot else [])
+        ],
+        "cleaner": cleaner,
+        "topics": topics,
+        "partitions": partitions,
+        "errors": list(errors)[-MAX_ERRORS:],
+    }
+    return _bounded(doc, keep_partitions=len(top))
+
+
+def _size(doc: dict[str, Any]) -> int:
+    return len(json.dumps(doc, separators=(",", ":")))
+
+
+def _bounded(doc: dict[str, Any], keep_partitions: int) -> dict[str, Any]:
+    """Cut the long lists until the document fits ``MAX_STATUS_BYTES``: first the
+    uncleanable partitions beyond the top ones, then topics (least dirty last), then the
+    top partitions themselves, then error messages."""
+    if _size(doc) <= MAX_STATUS_BYTES:
+        return doc
+    total = {"topics": len(doc["topics"]), "partitions": len(doc["partitions"])}
+    for key, floor in (("partitions", keep_partitions), ("topics", 0), ("partitions", 0)):
+        items = doc[key]
+        lo, hi = floor, len(items)
+        # Binary search the longest prefix that fits.
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            doc[key] = items[:mid]
+            if _size(doc) <= MAX_STATUS_BYTES:
+                lo = mid
+            else:
+                hi = mid - 1
+        doc[key] = items[:lo]
+        if _size(doc) <= MAX_STATUS_BYTES:
+            break
+    while _size(doc) > MAX_STATUS_BYTES and doc["errors"]:
+        doc["errors"] = doc["errors"][1:]
+    doc["truncated"] = {k: total[k] - len(doc[k]) for k in total}
+    return doc

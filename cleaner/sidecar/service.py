@@ -1,0 +1,616 @@
+"""The sidecar service: one loop that reloads the policy, expands the log dirs, runs the
+mode's work and scans; plus the HTTP endpoints.
+
+- ``observe``: read only. Scans reuse everything that did not change: a closed segment
+  whose file is unchanged is not read again; the active segment is read from where the
+  previous scan stopped. Scans are throttled by ``maxIoBytesPerSecond``.
+- ``compact``: the engine's ``LogCleaner`` over the log dirs whose ``.lock`` it can take,
+  holding the locks only while a pass runs, so that a broker starting up finds them free
+  between passes. While a broker holds a lock the state is ``waitingForBroker``.
+- ``stage``: see ``cleaner.sidecar.stage``.
+
+Every ``tick`` is driven by the injected clock, so tests run hours of scans in
+milliseconds with a ``MockTime``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from cleaner import __version__, cleaning
+from cleaner.clock import Time
+from cleaner.config import Mode, Policy
+from cleaner.engine.cleaner import Cleaner
+from cleaner.engine.log_cleaner import CleanResult, LogCleaner
+from cleaner.engine.manager import LogCleanerManager, ManagedLog
+from cleaner.engine.offset_map import OffsetMap
+from cleaner.engine.throttler import Throttler
+from cleaner.errors import KafkaCleanerError, LogDirLockedError
+from cleaner.segment_facts import FactsCache
+from cleaner.storage.lock import LogDirLock
+from cleaner.storage.log_dir import LogDirectory
+from cleaner.storage.topic_partition import TopicPartition
+
+from . import stage
+from .logdirs import expand_log_dirs
+from .metrics import CleanerGauges, SidecarMetrics
+from .policy_watch import PolicyWatcher
+from .report import LogDirInfo, ScanSnapshot, build_status, rfc3339
+
+log = logging.getLogger("cleaner.sidecar")
+
+POLICY_POLL_MS = 2_000
+
+
+@dataclass
+class SidecarOptions:
+    policy_path: Path
+    log_dir_patterns: list[str]
+    broker_name: str = "kafka"
+    listen: tuple[str, int] = ("0.0.0.0", 9410)
+    scan_interval_ms: int | None = None
+    """Default: the policy's ``reporting.intervalSeconds``."""
+
+
+@dataclass
+class _Error:
+    at_ms: int
+    log_dir: str | None
+    partition: str | None
+    message: str
+
+    def as_status(self) -> dict[str, Any]:
+        return {"at": rfc3339(self.at_ms), "logDir": self.log_dir, "partition": self.partition, "message": self.message}
+
+
+@dataclass
+class _State:
+    state: str = "observing"
+    last_run_ms: int | None = None
+    bytes_reclaimed: int = 0
+    last_cleaned_at: dict[TopicPartition, int] = field(default_factory=dict)
+
+
+class Sidecar:
+    def __init__(self, options: SidecarOptions, time: Time) -> None:
+        self.options = options
+        self.time = time
+        self.watcher = PolicyWatcher(options.policy_path)
+        self.policy: Policy | None = None
+        self.log_dirs: list[Path] = []
+        self.facts = FactsCache()
+        self.errors: deque[_Error] = deque(maxlen=20)
+        self.snapshot: ScanSnapshot | None = None
+        self.state = _State()
+        self.ready = False
+        self.stopping = threading.Event()
+        self._lock = threading.RLock()
+        self._observer: LogCleanerManager | None = None
+        self._observer_dirs: list[Path] = []
+        self._next_scan_ms = 0
+        self._next_policy_poll_ms = 0
+        self._controller: _Controller | None = None
+        self._loop_alive = True
+        self.metrics = SidecarMetrics(
+            lambda: self.snapshot, self._gauges, self._per_partition_metrics, self._max_partition_series
+        )
+        self._server: ThreadingHTTPServer | None = None
+        self._threads: list[threading.Thread] = []
+
+    # -- the loop --------------------------------------------------------------------------
+    def tick(self) -> None:
+        """One turn of the loop: policy, log dirs, the mode's work, and a scan when due."""
+        now = self.time.milliseconds()
+        if now >= self._next_policy_poll_ms or self.policy is None:
+            self._next_policy_poll_ms = now + POLICY_POLL_MS
+            self._poll_policy()
+        if self.policy is None:
+            return
+        dirs, missing = expand_log_dirs(self.options.log_dir_patterns)
+        for pattern in missing:
+            self._error(None, None, f"log dir {pattern} does not exist (yet)", dedupe=True)
+        if dirs != self.log_dirs:
+            self.log_dirs = dirs
+            self._observer = None
+        if self.policy.paused:
+            self.state.state = "paused"
+        elif self._controller is not None:
+            try:
+                self._controller.step(now)
+            except Exception as e:
+                log.exception("mode %s failed", self.policy.mode)
+                self._error(None, None, f"{self.policy.mode} mode: {type(e).__name__}: {e}")
+                self.state.state = "error"
+        if now >= self._next_scan_ms:
+            self._next_scan_ms = now + self._scan_interval_ms()
+            self.scan()
+
+    def _scan_interval_ms(self) -> int:
+        if self.options.scan_interval_ms is not None:
+            return self.options.scan_interval_ms
+        assert self.policy is not None
+        return self.policy.reporting.interval_seconds * 1000
+
+    def _poll_policy(self) -> None:
+        new = self.watcher.poll()
+        if self.watcher.error:
+            self._error(None, None, f"policy: {self.watcher.error}", dedupe=True)
+        if new is None:
+            return
+        old = self.policy
+        self.policy = new
+        self._observer = None
+        log.info("policy loaded (generation %s, mode %s)", new.policy_generation, new.mode)
+        if old is None or old.mode != new.mode:
+            self._switch_mode(new)
+        elif self._controller is not None:
+            self._controller.reconfigure(new, cleaner_changed=old.cleaner != new.cleaner)
+
+    def _switch_mode(self, policy: Policy) -> None:
+        if self._controller is not None:
+            self._controller.stop()
+        controllers = {Mode.OBSERVE: _Controller, Mode.COMPACT: _CompactController, Mode.STAGE: _StageController}
+        self._controller = controllers[Mode(policy.mode)](self)
+        self.state.state = "observing"
+
+    def scan(self) -> ScanSnapshot | None:
+        """A read-only look at every log dir; what ``/status`` and ``/metrics`` report."""
+        policy = self.policy
+        if policy is None:
+            return None
+        now = self.time.milliseconds()
+        busy = self._controller.busy_dirs() if self._controller is not None else set()
+        scan_dirs = [d for d in self.log_dirs if d not in busy]
+        if self._observer is None or self._observer_dirs != scan_dirs:
+            self._observer = LogCleanerManager(
+                [LogDirectory(d, read_only=True) for d in scan_dirs], policy, self.time, write_checkpoints=False
+            )
+            self._observer_dirs = scan_dirs
+        observer = self._observer
+        throttler = Throttler(policy.cleaner.max_io_bytes_per_second, self.time)
+        before = self.facts.bytes_read
+        try:
+            observer.refresh()
+            statuses = cleaning.status(
+                scan_dirs,
+                policy,
+                self.time,
+                facts_cache=self.facts,
+                manager=observer,
+                throttle=throttler.maybe_throttle,
+            )
+        except (KafkaCleanerError, OSError) as e:
+            self._error(None, None, f"scan failed: {e}")
+            statuses = []
+        self.facts.forget_missing()
+        self.metrics.scan_bytes_read.inc(self.facts.bytes_read - before)
+        for s in statuses:
+            if s.report.reason == "uncleanable" and s.report.uncleanable_reason:
+                self._error(s.report.log_dir, str(s.report.topic_partition), s.report.uncleanable_reason, dedupe=True)
+        previous = {s.report.topic_partition: s for s in (self.snapshot.statuses if self.snapshot else [])}
+        for d in busy:  # a dir being cleaned keeps its previous picture until the pass ends
+            statuses += [s for tp, s in previous.items() if s.report.log_dir == str(d)]
+        snapshot = ScanSnapshot(
+            now,
+            statuses,
+            self._log_dir_infos(statuses, observer),
+            self._controller.staged_bytes() if self._controller else {},
+        )
+        with self._lock:
+            self.snapshot = snapshot
+            self.ready = True
+        return snapshot
+
+    def _log_dir_infos(self, statuses: list, observer: LogCleanerManager) -> list[LogDirInfo]:
+        infos = []
+        for d in self.log_dirs:
+            log_dir = LogDirectory(d, read_only=True)
+            mine = [s for s in statuses if s.report.log_dir == str(d)]
+            try:
+                free, total = log_dir.free_bytes(), log_dir.total_bytes()
+                held = log_dir.is_locked_by_broker() if not self._holds_lock(d) else False
+            except OSError:
+                free = total = 0
+                held = None
+            infos.append(
+                LogDirInfo(
+                    str(d),
+                    len(mine),
+                    held,
+                    free,
+                    total,
+                    uncleanable_partitions=sum(1 for s in mine if s.report.reason == "uncleanable"),
+                    uncleanable_bytes=sum(s.report.cleanable_bytes for s in mine if s.report.reason == "uncleanable"),
+                )
+            )
+        return infos
+
+    def _holds_lock(self, d: Path) -> bool:
+        return self._controller is not None and d in self._controller.held_locks()
+
+    def _error(self, log_dir: str | None, partition: str | None, message: str, *, dedupe: bool = False) -> None:
+        with self._lock:
+            if dedupe and any(e.message == message and e.partition == partition for e in self.errors):
+                return
+            self.errors.append(_Error(self.time.milliseconds(), log_dir, partition, message))
+
+    # -- reports ---------------------------------------------------------------------------
+    def status_document(self) -> dict[str, Any]:
+        policy = self.policy
+        controller = self._controller
+        gauges = self._gauges()
+        snap = self.snapshot
+        cleaner_info = {
+            "threads": policy.cleaner.threads if policy else 0,
+            "deadThreads": gauges.dead_threads,
+            "lastRunAt": rfc3339(self.state.last_run_ms),
+            "maxDirtyRatio": round(snap.max_dirty_ratio, 6) if snap else 0.0,
+            "maxCompactionDelaySeconds": (snap.max_compaction_delay_ms / 1000.0) if snap else 0.0,
+            "bytesReclaimedTotal": self.state.bytes_reclaimed,
+            "stagedBytes": sum(controller.staged_bytes().values()) if controller else 0,
+            "state": self.state.state,
+        }
+        with self._lock:
+            errors = [e.as_status() for e in self.errors]
+        return build_status(
+            broker=self.options.broker_name,
+            mode=str(policy.mode) if policy else "observe",
+            policy_generation=policy.policy_generation if policy else None,
+            snapshot=snap,
+            cleaner=cleaner_info,
+            errors=errors,
+            top_partitions=policy.reporting.top_partitions if policy else 20,
+            last_cleaned_at=self.state.last_cleaned_at,
+        )
+
+    def _gauges(self) -> CleanerGauges:
+        g = CleanerGauges(policy_generation=self.policy.policy_generation if self.policy else None)
+        if self._controller is not None:
+            self._controller.fill_gauges(g)
+        if self.state.last_run_ms is not None:
+            g.time_since_last_run_seconds = max(self.time.milliseconds() - self.state.last_run_ms, 0) / 1000.0
+        return g
+
+    def _per_partition_metrics(self, topic: str) -> bool:
+        rule = self.policy.rule_for(topic) if self.policy else None
+        return bool(rule and rule.per_partition_metrics)
+
+    def _max_partition_series(self) -> int:
+        return self.policy.reporting.max_partition_series if self.policy else 0
+
+    def healthy(self) -> bool:
+        g = self._gauges()
+        return self._loop_alive and g.dead_threads == 0
+
+    def record_clean(self, result: CleanResult) -> None:
+        self.metrics.record_clean(result)
+        self.state.last_cleaned_at[result.topic_partition] = self.time.milliseconds()
+        self.state.bytes_reclaimed += max(result.stats.bytes_read - result.stats.bytes_written, 0)
+
+    # -- running ---------------------------------------------------------------------------
+    def serve(self) -> tuple[str, int]:
+        """Start the HTTP server; returns the address it listens on."""
+        self._server = ThreadingHTTPServer(self.options.listen, _handler(self))
+        self._server.daemon_threads = True
+        t = threading.Thread(target=self._server.serve_forever, name="kafka-cleaner-http", daemon=True)
+        t.start()
+        self._threads.append(t)
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    def run(self, tick_ms: int = 1_000) -> None:
+        """The loop, until ``stop``; every turn waits ``tick_ms`` on the clock."""
+        try:
+            while not self.stopping.is_set():
+                self.tick()
+                self.time.wait(self.stopping, tick_ms)
+        except BaseException:
+            self._loop_alive = False
+            raise
+
+    def stop(self) -> None:
+        """Abort in-flight work, remove temporary files, release locks, stop serving."""
+        self.stopping.set()
+        if self._controller is not None:
+            self._controller.stop()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def _handler(sidecar: Sidecar) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = f"kafka-cleaner/{__version__}"
+
+        def log_message(self, fmt: str, *args: Any) -> None:
+            log.debug("http: " + fmt, *args)
+
+        def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/healthz":
+                ok = sidecar.healthy()
+                self._send(
+                    HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE,
+                    b"ok\n" if ok else b"unhealthy\n",
+                    "text/plain",
+                )
+            elif path == "/readyz":
+                ok = sidecar.ready and sidecar.policy is not None
+                self._send(
+                    HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE,
+                    b"ready\n" if ok else b"not ready\n",
+                    "text/plain",
+                )
+            elif path == "/metrics":
+                self._send(HTTPStatus.OK, generate_latest(sidecar.metrics.registry), CONTENT_TYPE_LATEST)
+            elif path == "/status":
+                body = json.dumps(sidecar.status_document(), separators=(",", ":")).encode()
+                self._send(HTTPStatus.OK, body, "application/json")
+            else:
+                self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+
+    return Handler
+
+
+# -- the modes ------------------------------------------------------------------------------
+
+
+class _Controller:
+    """Observe mode: nothing to do besides the scans."""
+
+    def __init__(self, sidecar: Sidecar) -> None:
+        self.sidecar = sidecar
+
+    def step(self, now: int) -> None:
+        self.sidecar.state.state = "observing"
+
+    def reconfigure(self, policy: Policy, *, cleaner_changed: bool) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def busy_dirs(self) -> set[Path]:
+        return set()
+
+    def held_locks(self) -> set[Path]:
+        return set()
+
+    def staged_bytes(self) -> dict[TopicPartition, int]:
+        return {}
+
+    def fill_gauges(self, gauges: CleanerGauges) -> None:
+        pass
+
+
+class _CompactController(_Controller):
+    """Runs passes of the cleaner over the log dirs whose locks it can take."""
+
+    def __init__(self, sidecar: Sidecar) -> None:
+        super().__init__(sidecar)
+        self.locks: dict[Path, LogDirLock] = {}
+        self.pool: LogCleaner | None = None
+        self.manager: LogCleanerManager | None = None
+        self._next_attempt_ms = 0
+        self._dead_threads = 0
+
+    def step(self, now: int) -> None:
+        sc = self.sidecar
+        assert sc.policy is not None
+        if self.pool is not None:
+            if any(t.is_alive() for t in self.pool.threads):
+                sc.state.state = "cleaning"
+                return
+            self._finish_pass()
+        if now < self._next_attempt_ms:
+            return
+        waiting = []
+        for d in sc.log_dirs:
+            lock = LogDirLock(d)
+            try:
+                lock.acquire()
+            except LogDirLockedError:
+                waiting.append(d)
+                continue
+            self.locks[d] = lock
+        if self.locks:
+            dirs = [LogDirectory(d) for d in self.locks]
+            self.manager = LogCleanerManager(dirs, sc.policy, sc.time)
+            self.pool = LogCleaner(
+                self.manager,
+                sc.policy.cleaner,
+                sc.time,
+                exit_when_idle=True,
+                on_cleaned=sc.record_clean,
+                on_uncleanable=self._uncleanable,
+            )
+            sc.state.last_run_ms = now
+            self.pool.start()
+            sc.state.state = "cleaning"
+        else:
+            sc.state.state = "waitingForBroker" if waiting else "observing"
+            self._next_attempt_ms = now + sc.policy.cleaner.backoff_ms
+        if waiting and self.locks:
+            sc.state.state = "cleaning"
+
+    def _uncleanable(self, managed: ManagedLog, cause: BaseException) -> None:
+        self.sidecar.metrics.record_failure()
+        self.sidecar._error(str(managed.log_dir), str(managed.topic_partition), f"{type(cause).__name__}: {cause}")
+
+    def _finish_pass(self) -> None:
+        sc = self.sidecar
+        assert self.pool is not None
+        self._dead_threads = self.pool.dead_thread_count
+        self.pool.shutdown()
+        self.pool = None
+        for lock in self.locks.values():
+            lock.release()
+        self.locks = {}
+        assert sc.policy is not None
+        self._next_attempt_ms = sc.time.milliseconds() + sc.policy.cleaner.backoff_ms
+        sc.state.state = "observing"
+        sc._next_scan_ms = 0  # show the result at once
+
+    def reconfigure(self, policy: Policy, *, cleaner_changed: bool) -> None:
+        if cleaner_changed and self.pool is not None:
+            self.pool.reconfigure(policy.cleaner)
+
+    def stop(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(timeout=8.0)
+            self.pool = None
+        for lock in self.locks.values():
+            lock.release()
+        self.locks = {}
+
+    def busy_dirs(self) -> set[Path]:
+        return set(self.locks) if self.pool is not None else set()
+
+    def held_locks(self) -> set[Path]:
+        return set(self.locks)
+
+    def fill_gauges(self, gauges: CleanerGauges) -> None:
+        pool = self.pool
+        gauges.dead_threads = pool.dead_thread_count if pool else self._dead_threads
+        if pool is not None:
+            gauges.max_buffer_utilization = pool.max_buffer_utilization()
+            gauges.recopy_ratio = pool.recopy_ratio()
+            gauges.max_clean_time_seconds = pool.max_clean_time_seconds()
+            gauges.max_compaction_delay_seconds = pool.max_compaction_delay_seconds()
+
+
+class _StageController(_Controller):
+    """Stages one partition per step, validates every staged set on every step."""
+
+    def __init__(self, sidecar: Sidecar) -> None:
+        super().__init__(sidecar)
+        self.sets: dict[tuple[Path, TopicPartition], stage.StagedSet] = {}
+        self._stop = threading.Event()
+        self._cleaner: Cleaner | None = None
+        self._last_stats = None
+
+    def _manager(self) -> LogCleanerManager:
+        sc = self.sidecar
+        assert sc.policy is not None
+        dirs = [LogDirectory(d, read_only=True, may_stage=True) for d in sc.log_dirs]
+        return LogCleanerManager(dirs, sc.policy, sc.time, write_checkpoints=False)
+
+    def _check_done(self, tp: TopicPartition) -> None:
+        if self._stop.is_set():
+            raise KafkaCleanerError("the sidecar is stopping")
+
+    def step(self, now: int) -> None:
+        sc = self.sidecar
+        assert sc.policy is not None
+        manager = self._manager()
+        logs = manager.logs()
+        self.validate_all(manager, logs)
+        sc.state.state = "observing"
+        if self._cleaner is None:
+            cfg = sc.policy.cleaner
+            self._cleaner = Cleaner(
+                0,
+                OffsetMap(cfg.dedupe_buffer_per_thread, cfg.dedupe_buffer_load_factor),
+                cfg.io_buffer_per_thread // 2,
+                1048588,
+                Throttler(cfg.max_io_bytes_per_second, sc.time),
+                sc.time,
+                self._check_done,
+            )
+        checkpoints: dict[TopicPartition, int] = {}
+        for key in self.sets:
+            checkpoints[key[1]] = self.sets[key].end_offset
+        best = None
+        for tp, managed in logs.items():
+            if not managed.compacted or (managed.log_dir.path, tp) in self.sets:
+                continue
+            try:
+                ltc, _, _ = manager.log_to_clean(managed, checkpoints.get(tp), now)
+            except Exception as e:
+                sc._error(str(managed.log_dir), str(tp), f"{type(e).__name__}: {e}", dedupe=True)
+                continue
+            min_ratio = managed.rule.min_cleanable_dirty_ratio
+            eligible = ltc.cleanable_bytes > 0 and (ltc.cleanable_ratio > min_ratio or ltc.needs_compaction_now)
+            if eligible and (best is None or ltc.cleanable_ratio > best[0].cleanable_ratio):
+                best = (ltc, managed)
+        if best is None:
+            return
+        ltc, managed = best
+        needed = ltc.clean_bytes + ltc.cleanable_bytes
+        if not stage.free_disk_allows(managed.log_dir.path, needed, sc.policy.stage.min_free_disk_ratio):
+            sc._error(
+                str(managed.log_dir),
+                str(ltc.topic_partition),
+                f"staging skipped: free disk would drop below {sc.policy.stage.min_free_disk_ratio:.0%}",
+                dedupe=True,
+            )
+            return
+        high_watermark = managed.log_dir.high_watermarks().get(ltc.topic_partition)
+        if high_watermark is None:
+            return
+        sc.state.state = "cleaning"
+        sc.state.last_run_ms = now
+        try:
+            staged = stage.stage_partition(self._cleaner, managed, ltc, high_watermark=high_watermark, now_ms=now)
+        except Exception as e:
+            sc._error(str(managed.log_dir), str(ltc.topic_partition), f"staging failed: {type(e).__name__}: {e}")
+            sc.metrics.record_failure()
+            return
+        finally:
+            sc.state.state = "observing"
+        if staged is not None:
+            self.sets[(managed.log_dir.path, ltc.topic_partition)] = staged
+            sc.metrics.cleanings.labels("staged").inc()
+            sc.state.last_cleaned_at[ltc.topic_partition] = now
+            sc._next_scan_ms = 0
+
+    def validate_all(self, manager: LogCleanerManager | None = None, logs: dict | None = None) -> None:
+        """Check every staged set (ours on disk, also after a restart) and discard stale ones."""
+        sc = self.sidecar
+        manager = manager or self._manager()
+        logs = logs if logs is not None else manager.logs()
+        for tp, managed in logs.items():
+            key = (managed.log_dir.path, tp)
+            staged = self.sets.get(key) or stage.load_manifest(managed.log.dir)
+            if staged is None:
+                continue
+            managed.log.refresh()
+            start = max(managed.log.log_start_offset, managed.log_dir.log_start_offsets().get(tp, 0))
+            reason = stage.validate(staged, managed.log.dir, start, managed.log_dir.high_watermarks().get(tp))
+            if reason is None:
+                self.sets[key] = staged
+                continue
+            if reason == "committed":
+                sc.state.bytes_reclaimed += max(staged.source_bytes - staged.staged_bytes, 0)
+            else:
+                sc._error(str(managed.log_dir), str(tp), f"discarding staged set at {staged.base_offset}: {reason}")
+            stage.discard(staged, managed.log.dir)
+            self.sets.pop(key, None)
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            if self.sidecar.policy is not None and self.sidecar.log_dirs:
+                self.validate_all()
+        except (KafkaCleanerError, OSError) as e:
+            log.warning("final validation of staged sets failed: %s", e)
+
+    def staged_bytes(self) -> dict[TopicPartition, int]:
+        return {key[1]: s.staged_bytes for key, s in self.sets.items()}
