@@ -9,12 +9,22 @@ calls can be told apart from the operator's in the request log.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import json
 import pathlib
-from collections.abc import Iterator
+import re
+import subprocess
+import tempfile
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
+import fakekube as fakekube_module
 import kubernetes
 import pytest
-from fakekube import FakeKube, RunningFakeKube, running_fakekube
+import yaml
+from fakekube import FakeKube, RequestInfo, RunningFakeKube, running_fakekube
 
 
 @pytest.fixture
@@ -41,3 +51,168 @@ def kube_client(fakekube: RunningFakeKube) -> Iterator[kubernetes.client.ApiClie
     """A kubernetes ApiClient calling the emulator as the user ``test``."""
     with fakekube.api_client("test") as client:
         yield client
+
+
+# ---------------------------------------------------------------------------------------------
+# The operator's fixtures
+# ---------------------------------------------------------------------------------------------
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CRD_PATH = REPO / "crds" / "compactionpolicy.yaml"
+
+
+def _exclusive_bounds_as_draft7(node: Any) -> Any:
+    """OpenAPI 3.0's boolean ``exclusiveMinimum: true`` (+ ``minimum``) as JSON Schema draft 7's
+    numeric ``exclusiveMinimum``, recursively."""
+    if isinstance(node, list):
+        return [_exclusive_bounds_as_draft7(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: (v if k in ("default", "enum", "example") else _exclusive_bounds_as_draft7(v))
+           for k, v in node.items()}
+    for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if out.get(exclusive) is True and bound in out:
+            out[exclusive] = out.pop(bound)
+        elif isinstance(out.get(exclusive), bool):
+            out.pop(exclusive)
+    return out
+
+
+@pytest.fixture
+def compactionpolicy_crd(fakekube: RunningFakeKube, kube_client: kubernetes.client.ApiClient,
+                         monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """crds/compactionpolicy.yaml, registered in the emulator (returns the CRD).
+
+    Works around a fakekube bug: it hands OpenAPI 3.0's boolean ``exclusiveMinimum: true`` to a
+    draft-7 validator, which reads it as ``exclusiveMinimum: 1``, so every CompactionPolicy
+    (``cleaner.dedupeBufferLoadFactor`` defaults to 0.9, with ``exclusiveMinimum: true``) would
+    be rejected with 422. The fix belongs in fakekube's ``_as_json_schema``.
+    """
+    original = fakekube_module._as_json_schema
+    monkeypatch.setattr(fakekube_module, "_as_json_schema",
+                        lambda node: original(_exclusive_bounds_as_draft7(node)))
+    crd = yaml.safe_load(CRD_PATH.read_text())
+    kubernetes.client.ApiextensionsV1Api(kube_client).create_custom_resource_definition(crd)
+    return crd
+
+
+# ---------------------------------------------------------------------------------------------
+# RBAC: the chart's rules against the calls an operator made
+# ---------------------------------------------------------------------------------------------
+
+CHART = REPO / "helm" / "kafka-cleaner-operator"
+HELM = REPO / ".tools" / "bin" / "helm"
+#: Non-resource paths every authenticated user may GET: the nonResourceURLs of the default
+#: system:discovery and system:public-info-viewer ClusterRoles (/api, /api/*, /apis, /apis/*,
+#: /openapi, /openapi/*, /version, /version/, /healthz, /livez, /readyz).
+DISCOVERY_PATHS = re.compile(r"^/(api|apis|openapi)(/.*)?$|^/version/?$|^/(healthz|livez|readyz)$")
+
+
+def render_chart(values: Mapping[str, Any] | None = None, *, namespace: str = "default",
+                 release: str = "kco", extra_args: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """``helm template`` of the chart (the real helm) with ``values``, as a list of objects
+    (rendered once per process for the same arguments; callers get their own copies)."""
+    if not HELM.exists():
+        pytest.skip(f"helm is not installed at {HELM} (make setup installs it)")
+    key = json.dumps([values or {}, namespace, release, list(extra_args)], sort_keys=True)
+    if key not in _RENDERED:
+        _RENDERED[key] = _helm_template(values, namespace, release, extra_args)
+    return copy.deepcopy(_RENDERED[key])
+
+
+_RENDERED: dict[str, list[dict[str, Any]]] = {}
+
+
+def _helm_template(values: Mapping[str, Any] | None, namespace: str, release: str,
+                   extra_args: Sequence[str]) -> list[dict[str, Any]]:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+        yaml.safe_dump(dict(values or {}), file)
+        file.flush()
+        args = [str(HELM), "template", release, str(CHART), "--namespace", namespace, "-f", file.name, *extra_args]
+        result = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise AssertionError(f"helm template failed: {result.stderr}")
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@dataclasses.dataclass(frozen=True)
+class Grant:
+    """One PolicyRule, and where it applies (None: every namespace and the cluster scope)."""
+
+    rule: Mapping[str, Any]
+    namespace: str | None
+    source: str
+
+
+def operator_grants(objects: Sequence[Mapping[str, Any]]) -> list[Grant]:
+    """The rules bound to the chart's operator ServiceAccount (through any binding)."""
+    accounts = [(o["metadata"]["name"], o["metadata"].get("namespace")) for o in objects
+                if o["kind"] == "ServiceAccount"]
+    assert len(accounts) == 1, accounts
+    roles = {(o["kind"], o["metadata"]["name"], o["metadata"].get("namespace")): o for o in objects
+             if o["kind"] in ("Role", "ClusterRole")}
+    grants = []
+    for binding in (o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        subjects = {(s["name"], s.get("namespace")) for s in binding.get("subjects") or []
+                    if s["kind"] == "ServiceAccount"}
+        if accounts[0] not in subjects:
+            continue
+        ref = binding["roleRef"]
+        namespace = binding["metadata"].get("namespace") if binding["kind"] == "RoleBinding" else None
+        role = roles[(ref["kind"], ref["name"], namespace if ref["kind"] == "Role" else None)]
+        grants += [Grant(rule, namespace, f"{role['kind']}/{role['metadata']['name']}")
+                   for rule in role.get("rules") or []]
+    return grants
+
+
+def _match(values: Sequence[str], value: str) -> bool:
+    return "*" in values or value in values
+
+
+def grant_allows(grant: Grant, info: RequestInfo) -> bool:
+    rule = grant.rule
+    if grant.namespace is not None and info.namespace != grant.namespace:
+        return False
+    resource = info.rbac_resource
+    resources = rule.get("resources") or []
+    if not (_match(rule.get("apiGroups") or [], info.group) and _match(rule.get("verbs") or [], info.verb)
+            and (_match(resources, resource) or (info.subresource and f"*/{info.subresource}" in resources))):
+        return False
+    names = rule.get("resourceNames") or []
+    return not names or (bool(info.name) and info.name in names and info.verb != "create")
+
+
+@pytest.fixture
+def helm_template() -> Callable[..., list[dict[str, Any]]]:
+    """:func:`render_chart`: ``helm_template(values, namespace=..., extra_args=...)``."""
+    return render_chart
+
+
+@pytest.fixture
+def rbac() -> types.SimpleNamespace:
+    """The RBAC helpers: ``operator_grants(objects)`` and ``grant_allows(grant, request_info)``."""
+    return types.SimpleNamespace(operator_grants=operator_grants, grant_allows=grant_allows)
+
+
+@pytest.fixture
+def assert_rbac_allows() -> Callable[..., None]:
+    """``assert_rbac_allows(kube, values, user="fakekube")``: every call ``user`` made was
+    allowed by the chart rendered with ``values`` (release namespace ``default``)."""
+
+    def check(kube: RunningFakeKube, values: Mapping[str, Any] | None = None, *, user: str = "fakekube") -> None:
+        grants = operator_grants(render_chart(values, namespace="default"))
+        denied = set()
+        for record in kube.server.request_log():
+            if record.user != user:
+                continue
+            info = record.info
+            if not info.is_resource_request:
+                if not (info.verb == "get" and DISCOVERY_PATHS.match(info.path)):
+                    denied.add(f"{record.method} {record.path} (non-resource)")
+                continue
+            if not any(grant_allows(g, info) for g in grants):
+                denied.add(f"{info.verb} {info.group or 'core'}/{info.rbac_resource} "
+                           f"ns={info.namespace or '-'} name={info.name or '-'}")
+        assert not denied, "calls the chart's RBAC does not allow:\n" + "\n".join(sorted(denied))
+
+    return check

@@ -1,0 +1,109 @@
+{{/* Names */}}
+{{- define "kco.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kco.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kco.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kco.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kco.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "kco.labels" -}}
+helm.sh/chart: {{ include "kco.chart" . }}
+{{ include "kco.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kafka-cleaner
+{{- end }}
+
+{{- define "kco.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kco.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's image, by digest when one is given. */}}
+{{- define "kco.image" -}}
+{{- $repo := printf "%s/%s" .Values.image.registry .Values.image.repository | trimPrefix "/" }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" $repo .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repo (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "kco.sidecarImage" -}}
+{{- default (include "kco.image" .) .Values.sidecar.image }}
+{{- end }}
+
+{{- define "kco.leaseName" -}}
+{{- default (include "kco.fullname" .) .Values.leaderElection.leaseName }}
+{{- end }}
+
+{{- define "kco.webhookConfigurationName" -}}
+{{- default (printf "%s.kafkacleaner.io" (include "kco.fullname" .)) .Values.webhook.configurationName }}
+{{- end }}
+
+{{- define "kco.webhookSecretName" -}}
+{{- default (printf "%s-webhook-tls" (include "kco.fullname" .)) .Values.webhook.tls.existingSecret }}
+{{- end }}
+
+{{/* "key=value,key" for KAFKA_CLEANER_WEBHOOK_OBJECT_SELECTOR */}}
+{{- define "kco.webhookObjectSelector" -}}
+{{- $parts := list }}
+{{- range $key, $value := .Values.webhook.objectSelector }}
+{{- if $value }}{{ $parts = append $parts (printf "%s=%s" $key $value) }}{{ else }}{{ $parts = append $parts $key }}{{ end }}
+{{- end }}
+{{- join "," $parts }}
+{{- end }}
+
+{{/* Namespaces of the broker pods, for the PodMonitor and the NetworkPolicy. */}}
+{{- define "kco.brokerNamespaces" -}}
+{{- $ns := .explicit }}
+{{- if not $ns }}{{ $ns = .root.Values.watchNamespaces }}{{ end }}
+{{- toJson $ns }}
+{{- end }}
+
+{{/* The operator's rules in a watched namespace (rbac.yaml explains each). */}}
+{{- define "kco.namespacedRules" }}
+  - apiGroups: ["kafkacleaner.io"]
+    resources: ["compactionpolicies"]
+    verbs: ["get", "list", "watch", "patch"]
+  - apiGroups: ["kafkacleaner.io"]
+    resources: ["compactionpolicies/status"]
+    verbs: ["get", "patch"]
+  - apiGroups: ["kafkacleaner.io"]
+    resources: ["compactionpolicies/finalizers"]
+    verbs: ["update"]
+  - apiGroups: ["apps"]
+    resources: ["statefulsets"]
+    verbs: ["get", "list", "watch", "patch"]
+  - apiGroups: [""]
+    resources: ["pods"]
+    verbs: ["get", "list", "watch"]
+  - apiGroups: [""]
+    resources: ["configmaps"]
+    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  - apiGroups: [""]
+    resources: ["events"]
+    verbs: ["create", "patch"]
+{{- end }}

@@ -1,0 +1,573 @@
+"""The kopf handlers: reconcile CompactionPolicies, report the sidecars' status, inject by webhook.
+
+The I/O half of the operator. The decisions are made by the pure modules (``injection`` builds
+and patches, ``status`` aggregates, ``webhook.choose_policy`` picks); this module reads the
+cluster, calls them, and writes what they return.
+
+One *round* (:meth:`Operator.round`) is the whole job for one policy, level-triggered and
+idempotent: parse the spec (a bad one is reported as ``Stalled``/``InvalidSpec``), write the
+policy ConfigMap, put the sidecar into the StatefulSet's pod template (or leave it to the
+webhook), take it out of StatefulSets the policy no longer targets, list the target pods, pull
+their sidecars' ``/status`` and write the policy's status. The create/update/resume handlers
+run a round at once (without pulling reports); a daemon per policy runs one every
+``reporting.intervalSeconds`` (a kopf daemon rather than a timer, since a timer's interval is
+fixed when the handler is declared). Rounds of one policy never overlap. ``spec.paused`` makes
+a round change nothing in the cluster while it still reports.
+
+Handlers return None and write the status with explicit merge patches of ``/status`` (the CRD's
+status schema is typed: kopf's handler results would be pruned). The finalizer (kopf's, for the
+delete handler) removes exactly what was injected and the ConfigMap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import aiohttp
+import kopf
+import kubernetes
+import yaml
+from compaction_operator import metrics
+from compaction_operator.injection import (
+    CONFIGMAP_KEY,
+    POLICY_ANNOTATION,
+    PORT_NAME,
+    SIDECAR_HASH_ANNOTATION,
+    KubeVersion,
+    Sidecar,
+    build_sidecar,
+    configmap_name,
+    find_sidecar,
+    has_data_volume,
+    inject_into_pod,
+    label_selector_string,
+    removal_patch,
+    template_patch,
+)
+from compaction_operator.kube import GROUP, PLURAL, VERSION, ApiException, Kube, load_config
+from compaction_operator.scrape import fetch_reports
+from compaction_operator.settings import OperatorConfig
+from compaction_operator.status import BrokerPod, Outcome, OutcomeKind, build_status, status_patch
+from compaction_operator.webhook import choose_policy, webhook_server
+
+from cleaner.clock import SystemTime, Time
+from cleaner.config import API_VERSION, KIND, Injection, Policy, parse_policy
+from cleaner.errors import PolicyError
+
+__all__ = ["FINALIZER", "WEBHOOK_ID", "Operator", "build_registry", "build_settings"]
+
+log = logging.getLogger("kafka-cleaner-operator")
+
+FINALIZER = "kafkacleaner.io/finalizer"
+#: The mutating webhook's handler id: kopf serves it at ``/<id>`` (the chart's
+#: MutatingWebhookConfiguration calls that path).
+WEBHOOK_ID = "inject-sidecar"
+GENERATION_ANNOTATION = "kafkacleaner.io/policy-generation"
+MANAGED_BY = "kafka-cleaner-operator"
+#: How long the API server's version is trusted before it is asked again (clusters upgrade).
+VERSION_TTL = 600.0
+
+
+class Stalled(Exception):
+    """A round cannot go on without a change by the user; reported as condition Stalled."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+@dataclasses.dataclass
+class PolicyState:
+    """What the operator remembers of one policy between rounds (lost on restart, harmlessly)."""
+
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    #: The status this operator last wrote: fresher than the body kopf last saw.
+    status: dict[str, Any] | None = None
+    failing: bool = False
+
+
+def _manifest(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A plain-dict copy of a kopf body (which is a view) without the status."""
+    return json.loads(json.dumps({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}))
+
+
+def _owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body["metadata"]
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"],
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def policy_file(policy: Policy) -> str:
+    """The policy ConfigMap's ``policy.yaml``: the CompactionPolicy manifest (with its generation)."""
+    header = (f"# Written by {MANAGED_BY} from CompactionPolicy {policy.namespace}/{policy.name}, "
+              f"generation {policy.policy_generation}. Edit the CompactionPolicy, not this file.\n")
+    return header + yaml.safe_dump(policy.to_manifest(), sort_keys=False)
+
+
+class Operator:
+    """The operator's state shared by its handlers: settings, API clients, per-policy state."""
+
+    def __init__(self, config: OperatorConfig, *, time: Time | None = None) -> None:
+        self.config = config
+        self.time = time or SystemTime()
+        self.kube: Kube | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self.version: KubeVersion | None = None
+        self._version_at = 0.0
+        self.policies: dict[str, PolicyState] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        await asyncio.to_thread(load_config)
+        self.kube = Kube(kubernetes.client.ApiClient())
+        self.session = aiohttp.ClientSession(headers={"User-Agent": MANAGED_BY})
+        try:
+            await self.cluster_version()
+            native = self.version is not None and self.version.native_sidecars
+            how = "a native sidecar (initContainers)" if native else "a regular container"
+            logger.info(f"Kubernetes {self.version}: the sidecar is injected as {how}.")
+        except Exception as exc:
+            logger.warning(f"Could not read the Kubernetes version yet: {exc}")
+
+    async def stop(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+        if self.kube is not None:
+            self.kube.close()
+
+    def _kube(self) -> Kube:
+        if self.kube is None:
+            raise RuntimeError("the operator has not started")
+        return self.kube
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A blocking client call, off the event loop."""
+        return await asyncio.to_thread(fn, *args)
+
+    def _seconds(self) -> float:
+        """The monotonic clock, for durations."""
+        return self.time.nanoseconds() / 1e9
+
+    def now(self) -> datetime.datetime:
+        return datetime.datetime.fromtimestamp(self.time.milliseconds() / 1000, datetime.UTC)
+
+    async def cluster_version(self) -> KubeVersion:
+        if self.version is None or self._seconds() - self._version_at > VERSION_TTL:
+            try:
+                info = await self.call(self._kube().version)
+                self.version, self._version_at = KubeVersion.from_version_info(info), self._seconds()
+            except Exception:
+                if self.version is None:
+                    raise
+        assert self.version is not None
+        return self.version
+
+    def state(self, body: Mapping[str, Any]) -> PolicyState:
+        return self.policies.setdefault(body["metadata"]["uid"], PolicyState())
+
+    def image(self, policy: Policy) -> str | None:
+        return policy.sidecar.image or self.config.sidecar_image
+
+    # -- one round -------------------------------------------------------------------------
+
+    async def round(self, body: Mapping[str, Any], *, scrape: bool,
+                    logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        """Reconcile and report one policy (see the module docstring). API errors propagate."""
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        if meta.get("deletionTimestamp"):
+            return
+        state = self.state(body)
+        async with state.lock:
+            started = self._seconds()
+            metrics.RECONCILIATIONS.labels(namespace, name).inc()
+            try:
+                await self._round(body, state, scrape=scrape, logger=logger)
+            except ApiException as exc:
+                metrics.RECONCILE_ERRORS.labels(namespace, name, "ApiError").inc()
+                if not state.failing:
+                    kopf.event(body, type="Warning", reason="ApiError",
+                               message=f"Kubernetes API call failed: {exc.status} {exc.reason}")
+                state.failing = True
+                raise
+            else:
+                state.failing = False
+            finally:
+                metrics.RECONCILE_DURATION.observe(self._seconds() - started)
+
+    async def _round(self, body: Mapping[str, Any], state: PolicyState, *, scrape: bool,
+                     logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        kube = self._kube()
+        meta = body["metadata"]
+        namespace, name, generation = meta["namespace"], meta["name"], int(meta.get("generation") or 1)
+        previous = state.status if state.status is not None else dict(body.get("status") or {})
+        pods: list[BrokerPod] | None = None
+        scrapes = None
+        sidecar: Sidecar | None = None
+        policy: Policy | None = None
+        try:
+            policy = parse_policy(_manifest(body), source=f"CompactionPolicy {namespace}/{name}")
+            if policy.paused:
+                outcome = Outcome.paused()
+                sidecar = await self._expected_sidecar(policy)
+            else:
+                sidecar = await self._apply(body, policy, logger)
+                outcome = Outcome()
+            pods = await self._target_pods(policy, namespace) if policy.target is not None else []
+            if scrape and pods:
+                assert self.session is not None
+                scrapes = await fetch_reports(self.session, pods, policy.sidecar.port, self.config.scrape_timeout)
+                for pod, result in scrapes.items():
+                    if result.error is not None:
+                        metrics.SCRAPE_FAILURES.labels(namespace, name, pod).inc()
+            elif scrape:
+                scrapes = {}
+        except PolicyError as exc:
+            outcome = Outcome.stalled("InvalidSpec", str(exc))
+        except Stalled as exc:
+            outcome = Outcome.stalled(exc.reason, exc.message)
+        if outcome.kind is OutcomeKind.STALLED:
+            metrics.RECONCILE_ERRORS.labels(namespace, name, outcome.reason).inc()
+
+        new = build_status(policy=policy, generation=generation, previous=previous, outcome=outcome, pods=pods,
+                           scrapes=scrapes, sidecar_hash=sidecar.hash if sidecar is not None else None,
+                           now=self.now())
+        patch = status_patch(previous, new)
+        if patch is not None:
+            await self.call(kube.patch_policy_status, namespace, name, patch)
+        state.status = new
+        self._announce(body, previous, new, logger)
+        summary = new["summary"]
+        metrics.BROKERS_EXPECTED.labels(namespace, name).set(summary["brokersExpected"])
+        metrics.BROKERS_REPORTING.labels(namespace, name).set(summary["brokersReporting"])
+        stale = sum(1 for e in new["brokers"].values() if e.get("missedReports", 0) >= 3)
+        metrics.STALE_BROKERS.labels(namespace, name).set(stale)
+
+    def _announce(self, body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any],
+                  logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        """Events when Stalled or Degraded turn on or off (not every round: no flood)."""
+        def condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
+            return next((c for c in status.get("conditions") or [] if c.get("type") == type_), {})
+
+        for type_ in ("Stalled", "Degraded"):
+            before, after = condition(old, type_), condition(new, type_)
+            if after.get("status") == "True" and (before.get("status") != "True"
+                                                   or before.get("reason") != after.get("reason")):
+                kopf.event(body, type="Warning", reason=after["reason"], message=after["message"])
+                logger.debug(f"{type_}: {after['reason']}: {after['message']}")
+            elif after.get("status") == "False" and before.get("status") == "True":
+                kopf.event(body, type="Normal", reason=f"{type_}Cleared",
+                           message=f"no longer {type_.lower()} ({before.get('reason')})")
+
+    # -- reconcile -------------------------------------------------------------------------
+
+    async def _expected_sidecar(self, policy: Policy) -> Sidecar | None:
+        image = self.image(policy)
+        if policy.target is None or image is None:
+            return None
+        version = await self.cluster_version()
+        return build_sidecar(policy, image=image, native=version.native_sidecars)
+
+    async def _apply(self, body: Mapping[str, Any], policy: Policy,
+                     logger: logging.Logger | logging.LoggerAdapter[Any]) -> Sidecar | None:
+        """The ConfigMap and the injection; the sidecar the target pods should run."""
+        sidecar: Sidecar | None = None
+        if policy.target is not None:
+            if self.image(policy) is None:
+                raise Stalled("NoSidecarImage", "spec.sidecar.image is not set and the operator has no default "
+                              "(KAFKA_CLEANER_SIDECAR_IMAGE)")
+            if policy.target.effective_injection is Injection.WEBHOOK and not self.config.webhook_enabled:
+                raise Stalled("WebhookDisabled", "target.injection is webhook, but this operator runs without "
+                              "its admission webhook (Helm value webhook.enabled)")
+            sidecar = await self._expected_sidecar(policy)
+        await self._ensure_configmap(body, policy, logger)
+        wanted = policy.target.stateful_set if (
+            policy.target is not None and policy.target.effective_injection is Injection.STATEFUL_SET) else None
+        await self._remove_stale_injections(body, policy, keep=wanted, logger=logger)
+        if wanted is not None and sidecar is not None:
+            await self._inject(body, policy, wanted, sidecar, logger)
+        return sidecar
+
+    async def _ensure_configmap(self, body: Mapping[str, Any], policy: Policy,
+                                logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        kube = self._kube()
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        cm_name = configmap_name(name)
+        labels = {"app.kubernetes.io/name": "kafka-cleaner", "app.kubernetes.io/component": "policy",
+                  "app.kubernetes.io/managed-by": MANAGED_BY}
+        if len(name) <= 63:
+            labels[POLICY_ANNOTATION] = name
+        annotations = {POLICY_ANNOTATION: name, GENERATION_ANNOTATION: str(policy.policy_generation)}
+        owner = _owner_reference(body)
+        data = {CONFIGMAP_KEY: policy_file(policy)}
+        current = await self.call(kube.read_configmap, namespace, cm_name)
+        if current is None:
+            await self.call(kube.create_configmap, namespace, {
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": cm_name, "namespace": namespace, "labels": labels,
+                             "annotations": annotations, "ownerReferences": [owner]},
+                "data": data})
+            kopf.event(body, type="Normal", reason="PolicyPublished",
+                       message=f"ConfigMap {cm_name} created with generation {policy.policy_generation}")
+            logger.info(f"Created ConfigMap {cm_name}.")
+            return
+        cm_meta = current.get("metadata") or {}
+        owners = cm_meta.get("ownerReferences") or []
+        if not any(o.get("uid") == owner["uid"] for o in owners) and (
+                (cm_meta.get("annotations") or {}).get(POLICY_ANNOTATION) != name):
+            raise Stalled("ConfigMapConflict", f"ConfigMap {cm_name} exists and does not belong to this policy")
+        new_meta = dict(cm_meta)
+        new_meta["labels"] = {**(cm_meta.get("labels") or {}), **labels}
+        new_meta["annotations"] = {**(cm_meta.get("annotations") or {}), **annotations}
+        new_meta["ownerReferences"] = [*[o for o in owners if o.get("uid") != owner["uid"]], owner]
+        if current.get("data") == data and new_meta == cm_meta:
+            return
+        await self.call(kube.replace_configmap, namespace, cm_name, {**current, "metadata": new_meta, "data": data})
+        kopf.event(body, type="Normal", reason="PolicyPublished",
+                   message=f"ConfigMap {cm_name} updated to generation {policy.policy_generation}")
+        logger.info(f"Updated ConfigMap {cm_name} to generation {policy.policy_generation}.")
+
+    async def _inject(self, body: Mapping[str, Any], policy: Policy, sts_name: str, sidecar: Sidecar,
+                      logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        kube = self._kube()
+        namespace = body["metadata"]["namespace"]
+        assert policy.target is not None
+        sts = await self.call(kube.read_statefulset, namespace, sts_name)
+        if sts is None:
+            raise Stalled("TargetNotFound", f"StatefulSet {sts_name} not found in namespace {namespace}")
+        template = (sts.get("spec") or {}).get("template") or {}
+        owner = ((template.get("metadata") or {}).get("annotations") or {}).get(POLICY_ANNOTATION)
+        if owner not in (None, policy.name) and find_sidecar(template.get("spec") or {}) is not None:
+            raise Stalled("TargetConflict", f"StatefulSet {sts_name} already carries the sidecar of "
+                          f"CompactionPolicy {owner}")
+        if not has_data_volume(template.get("spec") or {}, policy.target.data_volume,
+                               (sts.get("spec") or {}).get("volumeClaimTemplates") or []):
+            raise Stalled("DataVolumeNotFound", f"StatefulSet {sts_name} has no volume or volume claim template "
+                          f"named {policy.target.data_volume!r} (target.dataVolume)")
+        patch = template_patch(template, sidecar, sts["metadata"]["resourceVersion"])
+        if patch is None:
+            return
+        first = find_sidecar(template.get("spec") or {}) is None
+        await self.call(kube.patch_statefulset, namespace, sts_name, patch)
+        where = "as a native sidecar" if sidecar.native else "as a container"
+        message = (f"{'Injected' if first else 'Updated'} the kafka-cleaner sidecar {where} into StatefulSet "
+                   f"{sts_name} (sidecar hash {sidecar.hash})")
+        reason = "SidecarInjected" if first else "SidecarUpdated"
+        kopf.event(body, type="Normal", reason=reason, message=message)
+        kopf.event(sts, type="Normal", reason=reason, message=f"{message} by CompactionPolicy {policy.name}")
+        logger.info(message + ".")
+
+    async def _remove_stale_injections(self, body: Mapping[str, Any], policy: Policy | None, *, keep: str | None,
+                                       logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        """Take this policy's sidecar out of every StatefulSet it injected but no longer targets
+        (all of them when ``keep`` is None)."""
+        kube = self._kube()
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        for sts in await self.call(kube.list_statefulsets, namespace):
+            sts_name = sts["metadata"]["name"]
+            template = (sts.get("spec") or {}).get("template") or {}
+            if sts_name == keep or ((template.get("metadata") or {}).get("annotations") or {}).get(
+                    POLICY_ANNOTATION) != name:
+                continue
+            patch = removal_patch(template, sts["metadata"]["resourceVersion"])
+            if patch is None:
+                continue
+            await self.call(kube.patch_statefulset, namespace, sts_name, patch)
+            message = f"Removed the kafka-cleaner sidecar from StatefulSet {sts_name}"
+            kopf.event(body, type="Normal", reason="SidecarRemoved", message=message)
+            kopf.event(sts, type="Normal", reason="SidecarRemoved", message=f"{message} (CompactionPolicy {name})")
+            logger.info(message + ".")
+
+    async def _target_pods(self, policy: Policy, namespace: str) -> list[BrokerPod]:
+        kube = self._kube()
+        target = policy.target
+        assert target is not None
+        if target.pod_selector is not None:
+            selector = label_selector_string(target.pod_selector)
+        else:
+            sts = await self.call(kube.read_statefulset, namespace, target.stateful_set)
+            if sts is None:
+                if policy.paused:
+                    return []
+                raise Stalled("TargetNotFound", f"StatefulSet {target.stateful_set} not found in namespace "
+                              f"{namespace}")
+            selector = label_selector_string((sts.get("spec") or {}).get("selector") or {})
+            if not selector:
+                return []
+        pods = []
+        for pod in await self.call(kube.list_pods, namespace, selector):
+            meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+            if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+                continue
+            found = find_sidecar(pod.get("spec") or {})
+            port = None
+            if found is not None:
+                port = next((p.get("containerPort") for p in found[1].get("ports") or []
+                             if p.get("name") == PORT_NAME), None)
+            pods.append(BrokerPod(name=meta["name"], ip=status.get("podIP") or None, has_sidecar=found is not None,
+                                  sidecar_hash=(meta.get("annotations") or {}).get(SIDECAR_HASH_ANNOTATION),
+                                  port=port))
+        return pods
+
+    # -- deletion --------------------------------------------------------------------------
+
+    async def remove(self, body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        """The finalizer's work: the sidecar out of every StatefulSet, the ConfigMap deleted."""
+        kube = self._kube()
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        state = self.state(body)
+        async with state.lock:
+            await self._remove_stale_injections(body, None, keep=None, logger=logger)
+            cm_name = configmap_name(name)
+            current = await self.call(kube.read_configmap, namespace, cm_name)
+            if current is not None and any(o.get("uid") == meta["uid"]
+                                           for o in (current.get("metadata") or {}).get("ownerReferences") or []):
+                await self.call(kube.delete_configmap, namespace, cm_name)
+                logger.info(f"Deleted ConfigMap {cm_name}.")
+            target = (body.get("spec") or {}).get("target") or {}
+            if target.get("podSelector") or target.get("injection") == Injection.WEBHOOK.value:
+                kopf.event(body, type="Normal", reason="WebhookPodsUnchanged",
+                           message="pods the webhook injected keep the sidecar until they are recreated")
+        self.policies.pop(meta["uid"], None)
+        metrics.forget_policy(namespace, name)
+
+    # -- the webhook -----------------------------------------------------------------------
+
+    async def mutate_pod(self, body: Mapping[str, Any], patch: kopf.Patch, warnings: list[str],
+                         manifests: Sequence[Mapping[str, Any]]) -> None:
+        pod = json.loads(json.dumps(dict(body)))
+        choice = choose_policy(pod, manifests)
+        warnings.extend(choice.warnings)
+        policy = choice.policy
+        if policy is None:
+            return
+        image = self.image(policy)
+        if image is None:
+            warnings.append(f"kafka-cleaner: CompactionPolicy {policy.name} has no sidecar image: no sidecar injected")
+            return
+        version = await self.cluster_version()
+        sidecar = build_sidecar(policy, image=image, native=version.native_sidecars)
+        injected = inject_into_pod(pod, sidecar)
+
+        def transform(raw: dict[str, Any]) -> None:
+            raw.clear()
+            raw.update(injected)
+
+        patch.fns.append(transform)
+        metrics.WEBHOOK_INJECTIONS.labels(policy.namespace or "", policy.name or "").inc()
+
+
+def _interval(body: Mapping[str, Any]) -> float:
+    try:
+        return float(((body.get("spec") or {}).get("reporting") or {}).get("intervalSeconds") or 30)
+    except (TypeError, ValueError):
+        return 30.0
+
+
+def build_settings(config: OperatorConfig, settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
+    """kopf's settings for this configuration (on top of ``settings`` if given)."""
+    settings = settings or kopf.OperatorSettings()
+    settings.persistence.finalizer = FINALIZER
+    # Only warnings and errors of the handlers' logs become Events; the operator posts its
+    # own Normal events explicitly (kopf.event), so rounds every few seconds do not flood.
+    settings.posting.level = logging.WARNING
+    if config.webhook_enabled:
+        settings.admission.server = webhook_server(config)
+        # None: the MutatingWebhookConfiguration is deployed with the operator (the chart's).
+        settings.admission.managed = config.webhook_configuration
+    return settings
+
+
+def build_registry(config: OperatorConfig, operator: Operator | None = None, *,
+                   webhook_only: bool = False) -> kopf.OperatorRegistry:
+    """A kopf registry with the operator's handlers (a fresh one per call, so an operator can be
+    run several times in one process; the webhook handler only when the webhook is enabled).
+
+    ``webhook_only``: just the admission webhook (and the index of policies it reads), for
+    replicas that are not the elected leader: every replica behind the webhook Service answers,
+    while only the leader reconciles.
+    """
+    op = operator or Operator(config)
+    registry = kopf.OperatorRegistry()
+
+    # A fresh registry has none of kopf's fallback logins: log in the way kopf would by default
+    # with the kubernetes client installed (in-cluster service account, else the kubeconfig).
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    async def startup(logger: logging.Logger, **_: Any) -> None:
+        await op.start(logger)
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        await op.stop()
+
+    if webhook_only and not config.webhook_enabled:
+        raise ValueError("a webhook-only registry needs the webhook enabled")
+    if not webhook_only:
+        _register_reconciliation(registry, op)
+    if config.webhook_enabled:
+        _register_webhook(registry, op, config)
+    return registry
+
+
+def _register_reconciliation(registry: kopf.OperatorRegistry, op: Operator) -> None:
+    resource = (GROUP, VERSION, PLURAL)
+
+    async def reconcile(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+        try:
+            await op.round(body, scrape=False, logger=logger)
+        except ApiException as exc:
+            raise kopf.TemporaryError(f"Kubernetes API error {exc.status} {exc.reason}", delay=5) from exc
+
+    kopf.on.create(*resource, id="reconcile", registry=registry)(reconcile)
+    kopf.on.update(*resource, id="reconcile", registry=registry)(reconcile)
+    kopf.on.resume(*resource, id="reconcile", registry=registry)(reconcile)
+
+    @kopf.on.delete(*resource, id="cleanup", registry=registry)
+    async def delete(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+        try:
+            await op.remove(body, logger)
+        except ApiException as exc:
+            raise kopf.TemporaryError(f"Kubernetes API error {exc.status} {exc.reason}", delay=5) from exc
+
+    @kopf.daemon(*resource, id="report", cancellation_timeout=10.0, registry=registry)
+    async def report(body: kopf.Body, stopped: kopf.DaemonStopped, logger: logging.Logger, **_: Any) -> None:
+        while not stopped:
+            try:
+                await op.round(body, scrape=True, logger=logger)
+            except asyncio.CancelledError:
+                raise
+            except ApiException as exc:
+                log.warning("Reporting round of %s/%s failed: %s %s", body.metadata.namespace, body.metadata.name,
+                            exc.status, exc.reason)
+            except Exception:
+                log.exception("Reporting round of %s/%s failed", body.metadata.namespace, body.metadata.name)
+            await stopped.wait(_interval(body))
+
+
+def _register_webhook(registry: kopf.OperatorRegistry, op: Operator, config: OperatorConfig) -> None:
+    @kopf.index(GROUP, VERSION, PLURAL, id="policies", registry=registry)
+    def policies(body: kopf.Body, namespace: str, **_: Any) -> dict[str, dict[str, Any]]:
+        return {namespace: _manifest(body)}
+
+    selector = {key: kopf.PRESENT if value is None else value for key, value in config.webhook_object_selector}
+
+    @kopf.on.mutate("", "v1", "pods", id=WEBHOOK_ID, operations=["CREATE"], ignore_failures=True,
+                    persistent=True, side_effects=False, labels=selector or None, registry=registry)
+    async def inject(body: kopf.Body, patch: kopf.Patch, warnings: list[str], policies: kopf.Index[str, Any],
+                     **_: Any) -> None:
+        namespace = body.metadata.namespace
+        if not namespace:
+            return
+        await op.mutate_pod(body, patch, warnings, list(policies.get(namespace, [])))

@@ -1,0 +1,421 @@
+"""The kafka-cleaner sidecar as Kubernetes objects, and the patches that add or remove it.
+
+Pure functions over plain dicts (no API calls): the handlers read the StatefulSet or the pod,
+call these, and send what they return. Everything the operator puts into a broker pod is
+built here, so "inject" and "remove" are exact inverses and can be tested without a server.
+
+What the operator adds to a broker pod, and nothing else (DESIGN.md: it never changes the
+broker's own containers):
+
+* the sidecar container ``kafka-cleaner``, as a native sidecar (an ``initContainers`` entry
+  with ``restartPolicy: Always``) on Kubernetes >= 1.29, else as a regular container;
+* the volume ``kafka-cleaner-policy``, the policy ConfigMap ``<policy>-kafka-cleaner``
+  (key ``policy.yaml``), mounted by the sidecar at ``/etc/kafka-cleaner`` (a directory mount,
+  not ``subPath``, so that the kubelet's atomic updates reach the sidecar, which reloads it);
+* the annotations ``kafkacleaner.io/sidecar-hash`` (a hash of the two objects above, so the
+  pod template is touched only when the sidecar itself changes; policy edits go through the
+  ConfigMap) and ``kafkacleaner.io/policy`` (which policy injected it).
+
+The sidecar mounts the broker's existing data volume (``target.dataVolume``) at
+``target.mountPath``, read-only in mode observe. Its command line is the contract with
+``kafka-cleaner sidecar`` (docs/operator.md, "The sidecar's command line").
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cleaner.config import LabelSelector, Mode, Policy
+
+__all__ = [
+    "CONFIGMAP_KEY",
+    "NATIVE_SIDECARS_SINCE",
+    "POLICY_ANNOTATION",
+    "POLICY_DIR",
+    "POLICY_PATH",
+    "POLICY_VOLUME",
+    "PORT_NAME",
+    "RESTRICTED_SECURITY_CONTEXT",
+    "SIDECAR_CONTAINER",
+    "SIDECAR_HASH_ANNOTATION",
+    "KubeVersion",
+    "Sidecar",
+    "build_sidecar",
+    "configmap_name",
+    "find_sidecar",
+    "has_data_volume",
+    "inject_into_pod",
+    "label_selector_string",
+    "removal_patch",
+    "security_context",
+    "selector_matches",
+    "sidecar_args",
+    "template_patch",
+]
+
+SIDECAR_CONTAINER = "kafka-cleaner"
+POLICY_VOLUME = "kafka-cleaner-policy"
+POLICY_DIR = "/etc/kafka-cleaner"
+CONFIGMAP_KEY = "policy.yaml"
+POLICY_PATH = f"{POLICY_DIR}/{CONFIGMAP_KEY}"
+#: A container port name is an IANA_SVC_NAME: at most 15 characters.
+PORT_NAME = "cleaner-metrics"
+SIDECAR_HASH_ANNOTATION = "kafkacleaner.io/sidecar-hash"
+POLICY_ANNOTATION = "kafkacleaner.io/policy"
+#: SidecarContainers is beta and on by default from Kubernetes 1.29 (alpha, off, in 1.28).
+NATIVE_SIDECARS_SINCE = (1, 29)
+
+#: The Pod Security "restricted" profile for the sidecar; ``sidecar.securityContext`` is merged
+#: over it (nested objects merge key by key, lists replace).
+RESTRICTED_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+_CONFIGMAP_SUFFIX = "-kafka-cleaner"
+_MAX_NAME = 253
+
+
+# --------------------------------------------------------------------------------------------
+# The cluster's version
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class KubeVersion:
+    """The API server's version, as far as the operator cares (major, minor)."""
+
+    major: int
+    minor: int
+
+    @classmethod
+    def from_version_info(cls, info: Mapping[str, Any]) -> KubeVersion:
+        """From ``GET /version``. Managed clusters report ``minor: "29+"`` (EKS, GKE) and
+        ``gitVersion: v1.29.3-eks-adc7111``: the leading digits of ``major``/``minor`` count,
+        and ``gitVersion`` is the fallback when those are missing or empty."""
+        major, minor = _leading_int(info.get("major")), _leading_int(info.get("minor"))
+        if major is not None and minor is not None:
+            return cls(major, minor)
+        match = re.match(r"v?(\d+)\.(\d+)", str(info.get("gitVersion") or ""))
+        if match is None:
+            raise ValueError(f"cannot tell the Kubernetes version from {dict(info)!r}")
+        return cls(int(match.group(1)), int(match.group(2)))
+
+    @property
+    def native_sidecars(self) -> bool:
+        """Whether init containers with ``restartPolicy: Always`` run as sidecars."""
+        return (self.major, self.minor) >= NATIVE_SIDECARS_SINCE
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+
+def _leading_int(value: object) -> int | None:
+    match = re.match(r"\d+", str(value or ""))
+    return int(match.group(0)) if match else None
+
+
+# --------------------------------------------------------------------------------------------
+# Names and selectors
+# --------------------------------------------------------------------------------------------
+
+
+def configmap_name(policy_name: str) -> str:
+    """``<policy>-kafka-cleaner``; names too long for that keep a hash of the full name."""
+    name = policy_name + _CONFIGMAP_SUFFIX
+    if len(name) <= _MAX_NAME:
+        return name
+    digest = hashlib.sha256(policy_name.encode()).hexdigest()[:10]
+    head = policy_name[: _MAX_NAME - len(_CONFIGMAP_SUFFIX) - len(digest) - 1].rstrip("-.")
+    return f"{head}-{digest}{_CONFIGMAP_SUFFIX}"
+
+
+def label_selector_string(selector: Mapping[str, Any] | LabelSelector) -> str:
+    """A ``metav1.LabelSelector`` (dict, or the policy model's) as a ``labelSelector`` query."""
+    if isinstance(selector, LabelSelector):
+        selector = selector.to_dict()
+    parts = [f"{key}={value}" for key, value in sorted((selector.get("matchLabels") or {}).items())]
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], sorted(expr.get("values") or [])
+        if op == "In":
+            parts.append(f"{key} in ({','.join(values)})")
+        elif op == "NotIn":
+            parts.append(f"{key} notin ({','.join(values)})")
+        elif op == "Exists":
+            parts.append(key)
+        elif op == "DoesNotExist":
+            parts.append(f"!{key}")
+        else:
+            raise ValueError(f"unknown label selector operator {op!r}")
+    return ",".join(parts)
+
+
+def selector_matches(selector: Mapping[str, Any] | LabelSelector, labels: Mapping[str, str]) -> bool:
+    """Whether ``labels`` satisfy a label selector (the webhook decides without the API server)."""
+    if isinstance(selector, LabelSelector):
+        selector = selector.to_dict()
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], set(expr.get("values") or [])
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }.get(op)
+        if not ok:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# The sidecar
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """What a policy puts into a broker pod: the container, the ConfigMap volume, and the hash
+    that tells whether a pod (template) already has exactly this."""
+
+    policy_name: str
+    container: dict[str, Any]
+    volume: dict[str, Any]
+    native: bool
+    hash: str
+
+    @property
+    def list_name(self) -> str:
+        """Where the container goes: ``initContainers`` (native sidecar) or ``containers``."""
+        return "initContainers" if self.native else "containers"
+
+    @property
+    def other_list_name(self) -> str:
+        return "containers" if self.native else "initContainers"
+
+    @property
+    def port(self) -> int:
+        return int(self.container["ports"][0]["containerPort"])
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        return {SIDECAR_HASH_ANNOTATION: self.hash, POLICY_ANNOTATION: self.policy_name}
+
+
+def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(base))
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def security_context(policy: Policy) -> dict[str, Any]:
+    """The restricted defaults with the policy's ``sidecar.securityContext`` merged over them."""
+    extra = policy.sidecar.security_context
+    return _deep_merge(RESTRICTED_SECURITY_CONTEXT, extra.to_dict() if extra is not None else {})
+
+
+def sidecar_args(policy: Policy) -> list[str]:
+    """The ``kafka-cleaner`` arguments: the contract with the sidecar (docs/operator.md).
+
+    Log dirs are ``mountPath/logDir``, normalised (``.`` is the mount itself); wildcards such
+    as ``kafka-log*`` are passed as they are, and the sidecar expands them.
+    """
+    target = policy.target
+    if target is None:
+        raise ValueError("a policy without a target has no sidecar")
+    args = ["sidecar", "--policy", POLICY_PATH]
+    for log_dir in target.log_dirs:
+        args += ["--log-dir", posixpath.normpath(posixpath.join(target.mount_path, log_dir))]
+    args += ["--listen", f"0.0.0.0:{policy.sidecar.port}", "--broker-name", "$(POD_NAME)"]
+    return args
+
+
+def _probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": PORT_NAME, "scheme": "HTTP"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "successThreshold": 1,
+        "failureThreshold": failures,
+    }
+
+
+def build_sidecar(policy: Policy, *, image: str, native: bool) -> Sidecar:
+    """The sidecar of ``policy`` (which must have a name and a target)."""
+    target = policy.target
+    if target is None or policy.name is None:
+        raise ValueError("only a named policy with a target has a sidecar")
+    container: dict[str, Any] = {
+        "name": SIDECAR_CONTAINER,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["kafka-cleaner"],
+        "args": sidecar_args(policy),
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE",
+             "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}},
+        ],
+        "ports": [{"name": PORT_NAME, "containerPort": policy.sidecar.port, "protocol": "TCP"}],
+        "volumeMounts": [
+            {"name": POLICY_VOLUME, "mountPath": POLICY_DIR, "readOnly": True},
+            {"name": target.data_volume, "mountPath": target.mount_path,
+             "readOnly": policy.mode is Mode.OBSERVE},
+        ],
+        "livenessProbe": _probe("/healthz", period=10, failures=6),
+        "readinessProbe": _probe("/readyz", period=10, failures=3),
+        "securityContext": security_context(policy),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    resources = policy.sidecar.resources
+    if resources is not None and resources.to_dict():
+        container["resources"] = resources.to_dict()
+    if native:
+        container["restartPolicy"] = "Always"
+    volume = {
+        "name": POLICY_VOLUME,
+        "configMap": {"name": configmap_name(policy.name),
+                      "items": [{"key": CONFIGMAP_KEY, "path": CONFIGMAP_KEY}]},
+    }
+    canonical = json.dumps({"container": container, "volume": volume}, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return Sidecar(policy.name, container, volume, native, digest)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading pods and templates
+# --------------------------------------------------------------------------------------------
+
+
+def _named(items: Sequence[Mapping[str, Any]] | None, name: str) -> Mapping[str, Any] | None:
+    return next((item for item in items or () if item.get("name") == name), None)
+
+
+def find_sidecar(pod_spec: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | None:
+    """``(list name, container)`` of the ``kafka-cleaner`` container in a pod (template) spec."""
+    for list_name in ("initContainers", "containers"):
+        container = _named(pod_spec.get(list_name), SIDECAR_CONTAINER)
+        if container is not None:
+            return list_name, container
+    return None
+
+
+def has_data_volume(pod_spec: Mapping[str, Any], volume: str,
+                    claim_templates: Sequence[Mapping[str, Any]] = ()) -> bool:
+    """Whether the pod (template) has the volume, or the StatefulSet a claim template of that name."""
+    if _named(pod_spec.get("volumes"), volume) is not None:
+        return True
+    return any((t.get("metadata") or {}).get("name") == volume for t in claim_templates)
+
+
+# --------------------------------------------------------------------------------------------
+# Patches of a StatefulSet's pod template (strategic merge patch)
+# --------------------------------------------------------------------------------------------
+
+
+def template_patch(template: Mapping[str, Any], sidecar: Sidecar,
+                   resource_version: str | None = None) -> dict[str, Any] | None:
+    """The strategic-merge patch of a StatefulSet that makes its pod template carry ``sidecar``,
+    or None when it already does (same hash, container and volume present).
+
+    Only the sidecar's own list entries and annotations are named, so the broker's containers
+    and volumes are never part of the patch. An existing sidecar entry is replaced whole
+    (``$patch: replace``), so fields dropped from the spec do not linger; one found in the
+    other list (after a cluster upgrade to native sidecars) is deleted there. With
+    ``resource_version``, the patch fails with 409 if the StatefulSet changed since it was read.
+    """
+    meta, spec = template.get("metadata") or {}, template.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    current = find_sidecar(spec)
+    volume = _named(spec.get("volumes"), POLICY_VOLUME)
+    if (annotations.get(SIDECAR_HASH_ANNOTATION) == sidecar.hash
+            and annotations.get(POLICY_ANNOTATION) == sidecar.policy_name
+            and current is not None and current[0] == sidecar.list_name and volume is not None):
+        return None
+    container = dict(sidecar.container)
+    if current is not None and current[0] == sidecar.list_name:
+        container["$patch"] = "replace"
+    new_volume = dict(sidecar.volume)
+    if volume is not None:
+        new_volume["$patch"] = "replace"
+    pod_spec: dict[str, Any] = {sidecar.list_name: [container], "volumes": [new_volume]}
+    if current is not None and current[0] == sidecar.other_list_name:
+        pod_spec[sidecar.other_list_name] = _delete_from(spec, sidecar.other_list_name)
+    patch: dict[str, Any] = {"spec": {"template": {"metadata": {"annotations": sidecar.annotations},
+                                                   "spec": pod_spec}}}
+    if resource_version is not None:
+        patch["metadata"] = {"resourceVersion": resource_version}
+    return patch
+
+
+def _delete_from(spec: Mapping[str, Any], list_name: str, name: str = SIDECAR_CONTAINER) -> Any:
+    """The SMP value removing entry ``name`` from ``spec[list_name]``: a ``$patch: delete``
+    directive, or null when it is the only entry (so an emptied list disappears, as it would
+    have been absent before the injection)."""
+    items = spec.get(list_name) or []
+    if all(item.get("name") == name for item in items):
+        return None
+    return [{"name": name, "$patch": "delete"}]
+
+
+def removal_patch(template: Mapping[str, Any], resource_version: str | None = None) -> dict[str, Any] | None:
+    """The strategic-merge patch that removes exactly what :func:`template_patch` added (the
+    sidecar from either list, the policy volume, the two annotations), or None if none is there."""
+    meta, spec = template.get("metadata") or {}, template.get("spec") or {}
+    pod_spec: dict[str, Any] = {}
+    for list_name in ("initContainers", "containers"):
+        if _named(spec.get(list_name), SIDECAR_CONTAINER) is not None:
+            pod_spec[list_name] = _delete_from(spec, list_name)
+    if _named(spec.get("volumes"), POLICY_VOLUME) is not None:
+        pod_spec["volumes"] = _delete_from(spec, "volumes", POLICY_VOLUME)
+    annotations = meta.get("annotations") or {}
+    ours = [key for key in (SIDECAR_HASH_ANNOTATION, POLICY_ANNOTATION) if key in annotations]
+    if not pod_spec and not ours:
+        return None
+    template_patch_: dict[str, Any] = {}
+    if ours:
+        only_ours = set(annotations) <= {SIDECAR_HASH_ANNOTATION, POLICY_ANNOTATION}
+        template_patch_["metadata"] = {"annotations": None if only_ours else dict.fromkeys(ours)}
+    if pod_spec:
+        template_patch_["spec"] = pod_spec
+    patch: dict[str, Any] = {"spec": {"template": template_patch_}}
+    if resource_version is not None:
+        patch["metadata"] = {"resourceVersion": resource_version}
+    return patch
+
+
+# --------------------------------------------------------------------------------------------
+# Pods at admission (the webhook)
+# --------------------------------------------------------------------------------------------
+
+
+def inject_into_pod(pod: Mapping[str, Any], sidecar: Sidecar) -> dict[str, Any]:
+    """A copy of ``pod`` carrying the sidecar, its volume and annotations (what the webhook's
+    JSON patch turns the pod into). A pod that has a ``kafka-cleaner`` container already (a
+    StatefulSet's, say) is returned unchanged."""
+    out = copy.deepcopy(dict(pod))
+    spec = out.setdefault("spec", {})
+    if find_sidecar(spec) is not None:
+        return out
+    spec.setdefault(sidecar.list_name, []).append(copy.deepcopy(sidecar.container))
+    volumes = [v for v in spec.get("volumes") or [] if v.get("name") != POLICY_VOLUME]
+    spec["volumes"] = [*volumes, copy.deepcopy(sidecar.volume)]
+    meta = out.setdefault("metadata", {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), **sidecar.annotations}
+    return out

@@ -1,0 +1,154 @@
+"""The operator's own Kubernetes API calls, through the official ``kubernetes`` client.
+
+kopf does the watching, its finalizers and Events; everything else (the StatefulSet, the
+ConfigMap, pods, the policy's status, the Lease) goes through here. Objects come and go as
+plain JSON dicts (``_preload_content=False``), never the client's models, so the pure modules
+see exactly what the API server holds and fields the client does not know survive.
+
+The client is synchronous: the handlers call these methods through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import kubernetes
+from kubernetes.client import (
+    ApiClient,
+    AppsV1Api,
+    CoordinationV1Api,
+    CoreV1Api,
+    CustomObjectsApi,
+    VersionApi,
+)
+from kubernetes.client.exceptions import ApiException
+
+from cleaner.config import API_GROUP
+
+__all__ = ["GROUP", "PLURAL", "VERSION", "ApiException", "Kube", "load_config"]
+
+GROUP, VERSION, PLURAL = API_GROUP, "v1alpha1", "compactionpolicies"
+#: Seconds for one API call (connect, read): a stuck API server must not stall a handler.
+TIMEOUT = (5.0, 30.0)
+
+
+def load_config() -> None:
+    """In a pod, the service account; elsewhere ``$KUBECONFIG`` or ``~/.kube/config``."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+
+
+def _json(response: Any) -> Any:
+    return json.loads(response.data) if response.data else None
+
+
+class Kube:
+    """Thin, dict-in dict-out wrappers over the calls the operator makes (nothing more, so the
+    chart's RBAC rules can stay that small)."""
+
+    def __init__(self, client: ApiClient) -> None:
+        self.client = client
+        self.core = CoreV1Api(client)
+        self.apps = AppsV1Api(client)
+        self.custom = CustomObjectsApi(client)
+        self.coordination = CoordinationV1Api(client)
+        self.versions = VersionApi(client)
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- cluster ---------------------------------------------------------------------------
+
+    def version(self) -> dict[str, Any]:
+        return _json(self.versions.get_code(_preload_content=False, _request_timeout=TIMEOUT))
+
+    # -- StatefulSets ----------------------------------------------------------------------
+
+    def read_statefulset(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return _json(self.apps.read_namespaced_stateful_set(name, namespace, _preload_content=False,
+                                                                _request_timeout=TIMEOUT))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list_statefulsets(self, namespace: str) -> list[dict[str, Any]]:
+        listing = _json(self.apps.list_namespaced_stateful_set(namespace, _preload_content=False,
+                                                               _request_timeout=TIMEOUT))
+        return list(listing.get("items") or [])
+
+    def patch_statefulset(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """A strategic merge patch (the client's choice for a dict body on a built-in kind)."""
+        return _json(self.apps.patch_namespaced_stateful_set(
+            name, namespace, dict(patch), _preload_content=False, _request_timeout=TIMEOUT,
+            _content_type="application/strategic-merge-patch+json"))
+
+    # -- ConfigMaps ------------------------------------------------------------------------
+
+    def read_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return _json(self.core.read_namespaced_config_map(name, namespace, _preload_content=False,
+                                                              _request_timeout=TIMEOUT))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create_configmap(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return _json(self.core.create_namespaced_config_map(namespace, dict(body), _preload_content=False,
+                                                            _request_timeout=TIMEOUT))
+
+    def replace_configmap(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT with the body's resourceVersion: 409 if someone changed it meanwhile."""
+        return _json(self.core.replace_namespaced_config_map(name, namespace, dict(body), _preload_content=False,
+                                                             _request_timeout=TIMEOUT))
+
+    def delete_configmap(self, namespace: str, name: str) -> bool:
+        try:
+            self.core.delete_namespaced_config_map(name, namespace, _preload_content=False,
+                                                   _request_timeout=TIMEOUT)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    # -- pods ------------------------------------------------------------------------------
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        listing = _json(self.core.list_namespaced_pod(namespace, label_selector=label_selector,
+                                                      _preload_content=False, _request_timeout=TIMEOUT))
+        return list(listing.get("items") or [])
+
+    # -- the policy ------------------------------------------------------------------------
+
+    def patch_policy_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """A merge patch of the status subresource."""
+        return _json(self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, dict(patch), _preload_content=False,
+            _request_timeout=TIMEOUT, _content_type="application/merge-patch+json"))
+
+    # -- Leases ----------------------------------------------------------------------------
+
+    def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return _json(self.coordination.read_namespaced_lease(name, namespace, _preload_content=False,
+                                                                 _request_timeout=TIMEOUT))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create_lease(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return _json(self.coordination.create_namespaced_lease(namespace, dict(body), _preload_content=False,
+                                                               _request_timeout=TIMEOUT))
+
+    def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return _json(self.coordination.replace_namespaced_lease(name, namespace, dict(body),
+                                                                _preload_content=False, _request_timeout=TIMEOUT))

@@ -1,0 +1,105 @@
+"""The operator's own Prometheus metrics, and the small HTTP server for them and the probes.
+
+Metric names start with ``kafka_cleaner_operator_`` (the sidecars' own are
+``kafka_cleaner_*``). They live in a registry of their own, created once per process, so the
+operator can be started more than once in one process (tests) without duplicate registrations.
+Labels are bounded: namespace and policy, plus pod only on scrape failures (a policy's brokers).
+
+The server answers ``/metrics``, ``/healthz`` (the process is alive) and ``/readyz`` (kopf runs
+and, with leader election, this replica leads: so a Service sends webhook calls to the leader).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import threading
+from collections.abc import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = [
+    "BROKERS_EXPECTED",
+    "BROKERS_REPORTING",
+    "LEADER",
+    "RECONCILE_DURATION",
+    "RECONCILE_ERRORS",
+    "RECONCILIATIONS",
+    "REGISTRY",
+    "SCRAPE_FAILURES",
+    "STALE_BROKERS",
+    "WEBHOOK_INJECTIONS",
+    "HttpServer",
+    "forget_policy",
+    "start_http_server",
+]
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+_P = "kafka_cleaner_operator_"
+
+RECONCILIATIONS = Counter(_P + "reconciliations", "Reconciliations of a CompactionPolicy (handlers and "
+                          "reporting rounds).", ["namespace", "policy"], registry=REGISTRY)
+RECONCILE_ERRORS = Counter(_P + "reconcile_errors", "Reconciliations that failed (API errors, invalid "
+                           "specs, missing targets).", ["namespace", "policy", "reason"], registry=REGISTRY)
+RECONCILE_DURATION = Histogram(_P + "reconcile_duration_seconds", "Duration of one reconciliation, the "
+                               "sidecar scrapes included.", registry=REGISTRY,
+                               buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+SCRAPE_FAILURES = Counter(_P + "sidecar_scrape_failures", "GET /status of a sidecar that failed (no answer, "
+                          "an HTTP error, an invalid document).", ["namespace", "policy", "pod"], registry=REGISTRY)
+BROKERS_EXPECTED = Gauge(_P + "brokers_expected", "Target pods of a policy.", ["namespace", "policy"],
+                         registry=REGISTRY)
+BROKERS_REPORTING = Gauge(_P + "brokers_reporting", "Target pods whose sidecar report is not stale.",
+                          ["namespace", "policy"], registry=REGISTRY)
+STALE_BROKERS = Gauge(_P + "stale_brokers", "Target pods whose sidecar has not reported for 3 intervals.",
+                      ["namespace", "policy"], registry=REGISTRY)
+WEBHOOK_INJECTIONS = Counter(_P + "webhook_injections", "Pods the admission webhook injected the sidecar into.",
+                             ["namespace", "policy"], registry=REGISTRY)
+LEADER = Gauge(_P + "leader", "1 while this replica is the elected leader (or leader election is off).",
+               registry=REGISTRY)
+
+
+def forget_policy(namespace: str, policy: str) -> None:
+    """Drop a deleted policy's gauges (counters stay until the process restarts, as usual)."""
+    for gauge in (BROKERS_EXPECTED, BROKERS_REPORTING, STALE_BROKERS):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, policy)
+
+
+class HttpServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    ready: Callable[[], bool]
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: HttpServer
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+        elif path == "/healthz":
+            self._send(200, b"ok\n")
+        elif path == "/readyz":
+            ready = self.server.ready()
+            self._send(200 if ready else 503, b"ok\n" if ready else b"not ready\n")
+        else:
+            self._send(404, b"not found\n")
+
+    def _send(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # probes every few seconds would flood the log
+
+
+def start_http_server(addr: str, port: int, ready: Callable[[], bool]) -> HttpServer:
+    """Serve /metrics, /healthz and /readyz from a daemon thread (port 0: a free port;
+    ``server.server_address`` tells which). ``server.shutdown()`` stops it."""
+    server = HttpServer((addr, port), _Handler)
+    server.ready = ready
+    threading.Thread(target=server.serve_forever, name="operator-http", daemon=True).start()
+    return server

@@ -1,0 +1,135 @@
+"""The JSON schema of the sidecar's ``/status`` document, version 1 (issue 4's contract).
+
+``docs/sidecar-status-v1.schema.json`` is this dict written out (a test keeps the two equal);
+it lives here too because the operator validates every report against it at run time, and
+the wheel ships Python modules, not files under ``docs/``.
+
+Compatibility: version 1 may gain optional fields (the operator ignores fields it does not
+know); removing, renaming or retyping a field, or making one required, is version 2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["SCHEMA", "SCHEMA_ID", "VERSION"]
+
+VERSION = 1
+SCHEMA_ID = "https://kafkacleaner.io/schemas/sidecar-status-v1.schema.json"
+
+_RFC3339 = {"type": "string", "format": "date-time"}
+_RFC3339_OR_NULL = {"type": ["string", "null"], "format": "date-time"}
+_COUNT = {"type": "integer", "minimum": 0}
+_BYTES = {"type": "integer", "minimum": 0}
+_RATIO = {"type": "number", "minimum": 0, "maximum": 1}
+_SECONDS = {"type": "number", "minimum": 0}
+
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": SCHEMA_ID,
+    "title": "kafka-cleaner sidecar /status, version 1",
+    "description": (
+        "What `kafka-cleaner sidecar` serves at GET /status (Content-Type: application/json) and "
+        "the operator pulls every reporting.intervalSeconds. `partitions` holds the top "
+        "reporting.topPartitions partitions by cleanable ratio plus every uncleanable one, "
+        "`errors` the last 20; the whole document stays under 64 KiB. Optional fields may be "
+        "added within version 1; anything else needs version 2."
+    ),
+    "type": "object",
+    "required": ["version", "broker", "mode", "policyGeneration", "scannedAt", "logDirs", "cleaner",
+                 "topics", "partitions", "errors"],
+    "properties": {
+        "version": {"const": VERSION, "description": "The version of this document's format."},
+        "broker": {"type": "string", "minLength": 1, "maxLength": 253,
+                   "description": "--broker-name: the pod name (the operator passes $(POD_NAME))."},
+        "mode": {"enum": ["observe", "compact", "stage"], "description": "spec.mode of the loaded policy."},
+        "policyGeneration": {
+            "type": ["integer", "null"], "minimum": 0,
+            "description": "metadata.generation of the loaded policy file; null for a bare spec.",
+        },
+        "scannedAt": _RFC3339_OR_NULL | {"description": "End of the last completed scan; null before the first."},
+        "logDirs": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["path", "partitions", "lockHeldByBroker", "freeBytes", "uncleanablePartitions"],
+                "properties": {
+                    "path": {"type": "string", "minLength": 1, "description": "Log dir, after glob expansion."},
+                    "partitions": _COUNT,
+                    "lockHeldByBroker": {"type": ["boolean", "null"],
+                                         "description": "Whether a broker holds the dir's .lock; null: unknown."},
+                    "freeBytes": _BYTES,
+                    "uncleanablePartitions": _COUNT,
+                },
+            },
+        },
+        "cleaner": {
+            "type": "object",
+            "required": ["threads", "deadThreads", "lastRunAt", "maxDirtyRatio", "maxCompactionDelaySeconds",
+                         "bytesReclaimedTotal", "stagedBytes", "state"],
+            "properties": {
+                "threads": _COUNT,
+                "deadThreads": _COUNT,
+                "lastRunAt": _RFC3339_OR_NULL,
+                "maxDirtyRatio": _RATIO,
+                "maxCompactionDelaySeconds": _SECONDS,
+                "bytesReclaimedTotal": _BYTES,
+                "stagedBytes": _BYTES,
+                "state": {"enum": ["observing", "cleaning", "waitingForBroker", "paused", "error"]},
+            },
+        },
+        "topics": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["topic", "partitions", "dirtyBytes", "cleanableBytes", "cleanBytes",
+                             "maxDirtyRatio", "tombstones", "oldestTombstoneAgeSeconds"],
+                "properties": {
+                    "topic": {"type": "string", "minLength": 1, "maxLength": 255},
+                    "partitions": _COUNT,
+                    "dirtyBytes": _BYTES,
+                    "cleanableBytes": _BYTES,
+                    "cleanBytes": _BYTES,
+                    "maxDirtyRatio": _RATIO,
+                    "tombstones": _COUNT,
+                    "oldestTombstoneAgeSeconds": {"type": ["number", "null"], "minimum": 0},
+                },
+            },
+        },
+        "partitions": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["topic", "partition", "logDir", "firstDirtyOffset", "cleanableRatio",
+                             "cleanableBytes", "eligible", "reason", "lastCleanedAt", "uncleanableReason"],
+                "properties": {
+                    "topic": {"type": "string", "minLength": 1, "maxLength": 255},
+                    "partition": _COUNT,
+                    "logDir": {"type": "string"},
+                    "firstDirtyOffset": {"type": "integer"},
+                    "cleanableRatio": _RATIO,
+                    "cleanableBytes": _BYTES,
+                    "eligible": {"type": "boolean"},
+                    "reason": {"enum": ["ratio", "lag", "lso", "activeSegment", "uncleanable", "paused", None],
+                               "description": "Why the partition is (or is not) eligible for cleaning."},
+                    "lastCleanedAt": _RFC3339_OR_NULL,
+                    "uncleanableReason": {"type": ["string", "null"]},
+                },
+            },
+        },
+        "errors": {
+            "type": "array",
+            "maxItems": 20,
+            "items": {
+                "type": "object",
+                "required": ["at", "message"],
+                "properties": {
+                    "at": _RFC3339,
+                    "logDir": {"type": ["string", "null"]},
+                    "partition": {"type": ["string", "null"], "description": "topic-partition, e.g. orders-3"},
+                    "message": {"type": "string"},
+                },
+            },
+        },
+    },
+}

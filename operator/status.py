@@ -1,0 +1,478 @@
+"""A CompactionPolicy's status, from the sidecars' ``/status`` reports: pure functions.
+
+The operator is the only writer of the status. Each round (a reconcile, or a tick of the
+policy's reporting loop) it lists the target pods, pulls each sidecar's report, and calls
+:func:`build_status` with what it saw and the status it read; the result is the whole new
+status, and :func:`status_patch` the merge patch that turns the old one into it.
+
+What goes where (crds/compactionpolicy.yaml declares every field; nothing else is written,
+since the API server prunes unknown fields):
+
+* ``brokers.<pod>``: a summary of that sidecar's last good report, ``reportedAt`` (when the
+  operator got it) and ``missedReports`` (rounds in a row without one). A map keyed by pod, so
+  entries never clobber each other; pods that left the target are dropped.
+* ``summary``: totals over the brokers whose reports are not stale.
+* ``topPartitions``: the top ``reporting.topPartitions`` partitions by cleanable ratio over all
+  brokers (a broker that missed a round keeps its last entries until it turns stale).
+* ``conditions``: ``Ready``, ``Reconciling``, ``Stalled``, ``Degraded`` (metav1.Condition),
+  upserted by type; ``lastTransitionTime`` moves only when a condition's status flips.
+* ``observedGeneration`` on every write (and in every condition), ``paused``.
+
+A broker is stale after :data:`STALE_AFTER` rounds without a report, which makes the policy
+Degraded with the pod named. Everything is bounded so the status stays well under 256 KiB
+with 100 brokers (tests check it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jsonschema
+from compaction_operator.sidecar_schema import SCHEMA, VERSION
+
+from cleaner.config import Policy
+
+__all__ = [
+    "CONDITION_TYPES",
+    "MAX_BROKERS",
+    "STALE_AFTER",
+    "BrokerPod",
+    "Outcome",
+    "OutcomeKind",
+    "Scrape",
+    "build_status",
+    "format_time",
+    "parse_report",
+    "status_patch",
+    "upsert_condition",
+]
+
+#: Rounds without a report after which a broker is stale and the policy Degraded.
+STALE_AFTER = 3
+#: status.brokers holds at most this many entries (the CRD's maxProperties).
+MAX_BROKERS = 1000
+#: A broker's last error, and the free-text fields of a top partition (the CRD allows 4096:
+#: kept shorter so that 100 brokers fit the budget below).
+MAX_BROKER_MESSAGE = 512
+MAX_TEXT = 256
+MAX_CONDITION_MESSAGE = 32768
+#: The status stays under this (JSON, compact); topPartitions is trimmed to fit. With the caps
+#: above, 100 brokers with the longest names Kubernetes allows take about 110 KiB.
+STATUS_BUDGET = 200 * 1024
+#: Pods named in a condition message before "and N more".
+MAX_NAMED_PODS = 10
+CONDITION_TYPES = ("Ready", "Reconciling", "Stalled", "Degraded")
+#: The one reason for a condition that holds (Stalled=False and so on) when nothing is wrong.
+RECONCILED = "Reconciled"
+
+_VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+
+
+def format_time(moment: datetime.datetime) -> str:
+    """RFC 3339 in UTC with second precision, as Kubernetes writes its own timestamps."""
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(text: str) -> datetime.datetime:
+    moment = datetime.datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        raise ValueError(f"timestamp without a time zone: {text!r}")
+    return moment
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerPod:
+    """A target pod as the operator saw it: does it carry the sidecar, and which one."""
+
+    name: str
+    ip: str | None = None
+    has_sidecar: bool = True
+    #: The pod's ``kafkacleaner.io/sidecar-hash`` (None: none, e.g. injected by hand).
+    sidecar_hash: str | None = None
+    port: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Scrape:
+    """One pull of a sidecar's ``/status``: the validated report, or why there is none."""
+
+    report: Mapping[str, Any] | None = None
+    error: str | None = None
+
+
+def parse_report(raw: bytes | str | Mapping[str, Any], pod: str) -> Scrape:
+    """A :class:`Scrape` from a response body: JSON, valid against the v1 schema, with
+    timestamps the API server will accept (they are copied into the CR's status)."""
+    try:
+        doc = json.loads(raw) if isinstance(raw, bytes | str) else raw
+    except ValueError as exc:
+        return Scrape(error=f"invalid /status from {pod}: not JSON ({exc})")
+    if isinstance(doc, Mapping) and doc.get("version") not in (VERSION, None):
+        return Scrape(error=f"/status of {pod} is version {doc.get('version')!r}; this operator reads "
+                            f"version {VERSION}")
+    error = next(iter(sorted(_VALIDATOR.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))), None)
+    if error is not None:
+        where = "/".join(map(str, error.absolute_path)) or "<document>"
+        return Scrape(error=f"invalid /status from {pod}: {where}: {error.message}"[:MAX_BROKER_MESSAGE])
+    try:
+        for text in _timestamps(doc):
+            _parse_time(text)
+    except ValueError as exc:
+        return Scrape(error=f"invalid /status from {pod}: bad timestamp ({exc})"[:MAX_BROKER_MESSAGE])
+    return Scrape(report=doc)
+
+
+def _timestamps(doc: Mapping[str, Any]) -> Iterable[str]:
+    candidates = [doc.get("scannedAt"), doc["cleaner"].get("lastRunAt")]
+    candidates += [p.get("lastCleanedAt") for p in doc["partitions"]]
+    return [t for t in candidates if t is not None]
+
+
+class OutcomeKind(enum.Enum):
+    OK = "ok"
+    STALLED = "stalled"
+    PAUSED = "paused"
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What the reconcile part of the round did: the sidecar and ConfigMap are in place (OK),
+    it cannot proceed without a change by the user (STALLED, with a reason such as
+    ``InvalidSpec``), or ``spec.paused`` kept it from changing anything (PAUSED)."""
+
+    kind: OutcomeKind = OutcomeKind.OK
+    reason: str = RECONCILED
+    message: str = ""
+
+    @classmethod
+    def stalled(cls, reason: str, message: str) -> Outcome:
+        return cls(OutcomeKind.STALLED, reason, message)
+
+    @classmethod
+    def paused(cls) -> Outcome:
+        return cls(OutcomeKind.PAUSED, "Paused", "reconciliation is paused (spec.paused): the operator "
+                                                 "changes nothing; spec changes wait for resume")
+
+
+# --------------------------------------------------------------------------------------------
+# Conditions
+# --------------------------------------------------------------------------------------------
+
+
+def upsert_condition(conditions: Sequence[Mapping[str, Any]], type_: str, status: bool, reason: str,
+                     message: str, generation: int, now: datetime.datetime) -> list[dict[str, Any]]:
+    """``conditions`` with the one of ``type_`` set: one entry per type, never duplicated;
+    ``lastTransitionTime`` is kept unless the status flips (or the entry is new)."""
+    text = "True" if status else "False"
+    if len(message) > MAX_CONDITION_MESSAGE:
+        message = message[: MAX_CONDITION_MESSAGE - 3] + "..."
+    out: list[dict[str, Any]] = []
+    found = False
+    for condition in conditions:
+        if condition.get("type") != type_:
+            if not any(c.get("type") == condition.get("type") for c in out):
+                out.append(dict(condition))
+            continue
+        if found:
+            continue  # a duplicate written by someone else: drop it
+        found = True
+        moved = condition.get("status") != text or not condition.get("lastTransitionTime")
+        out.append({"type": type_, "status": text, "reason": reason, "message": message,
+                    "observedGeneration": generation,
+                    "lastTransitionTime": format_time(now) if moved else condition["lastTransitionTime"]})
+    if not found:
+        out.append({"type": type_, "status": text, "reason": reason, "message": message,
+                    "observedGeneration": generation, "lastTransitionTime": format_time(now)})
+    order = {t: i for i, t in enumerate(CONDITION_TYPES)}
+    return sorted(out, key=lambda c: order.get(c.get("type", ""), len(order)))
+
+
+def _names(pods: Sequence[str]) -> str:
+    shown = ", ".join(pods[:MAX_NAMED_PODS])
+    return shown if len(pods) <= MAX_NAMED_PODS else f"{shown} and {len(pods) - MAX_NAMED_PODS} more"
+
+
+# --------------------------------------------------------------------------------------------
+# Brokers
+# --------------------------------------------------------------------------------------------
+
+
+def _broker_entry(report: Mapping[str, Any], now: datetime.datetime) -> dict[str, Any]:
+    cleaner = report["cleaner"]
+    entry: dict[str, Any] = {
+        "reportedAt": format_time(now),
+        "mode": report["mode"],
+        "state": cleaner["state"],
+        "partitions": sum(d["partitions"] for d in report["logDirs"]),
+        "uncleanablePartitions": sum(d["uncleanablePartitions"] for d in report["logDirs"]),
+        "maxDirtyRatio": float(cleaner["maxDirtyRatio"]),
+        "maxCompactionDelaySeconds": float(cleaner["maxCompactionDelaySeconds"]),
+        "cleanableBytes": sum(t["cleanableBytes"] for t in report["topics"]),
+        "stagedBytes": cleaner["stagedBytes"],
+        "bytesReclaimedTotal": cleaner["bytesReclaimedTotal"],
+        "deadThreads": cleaner["deadThreads"],
+        "missedReports": 0,
+    }
+    if report.get("scannedAt") is not None:
+        entry["scannedAt"] = format_time(_parse_time(report["scannedAt"]))
+    if report.get("policyGeneration") is not None:
+        entry["policyGeneration"] = report["policyGeneration"]
+    entry["lastRunAt"] = (format_time(_parse_time(cleaner["lastRunAt"]))
+                          if cleaner.get("lastRunAt") is not None else None)
+    if report["errors"]:
+        last = report["errors"][-1]
+        where = last.get("partition") or last.get("logDir")
+        entry["message"] = (f"{where}: {last['message']}" if where else last["message"])[:MAX_BROKER_MESSAGE]
+    return entry
+
+
+def _top_entry(pod: str, partition: Mapping[str, Any]) -> dict[str, Any]:
+    entry: dict[str, Any] = {"broker": pod}
+    for key in ("topic", "partition", "logDir", "firstDirtyOffset", "cleanableBytes", "eligible",
+                "reason", "uncleanableReason"):
+        if key in partition:
+            entry[key] = partition[key]
+    entry["cleanableRatio"] = float(partition["cleanableRatio"])
+    if partition.get("lastCleanedAt") is not None:
+        entry["lastCleanedAt"] = format_time(_parse_time(partition["lastCleanedAt"]))
+    for key in ("uncleanableReason", "logDir"):
+        if isinstance(entry.get(key), str):
+            entry[key] = entry[key][:MAX_TEXT]
+    return entry
+
+
+def _is_stale(entry: Mapping[str, Any]) -> bool:
+    return entry.get("missedReports", 0) >= STALE_AFTER
+
+
+def _has_report(entry: Mapping[str, Any]) -> bool:
+    return "reportedAt" in entry
+
+
+# --------------------------------------------------------------------------------------------
+# The status
+# --------------------------------------------------------------------------------------------
+
+
+def build_status(*, policy: Policy | None, generation: int, previous: Mapping[str, Any] | None,
+                 outcome: Outcome, pods: Sequence[BrokerPod] | None,
+                 scrapes: Mapping[str, Scrape] | None, sidecar_hash: str | None,
+                 now: datetime.datetime, interval_seconds: int = 30,
+                 top_partitions: int = 20) -> dict[str, Any]:
+    """The whole new status (without ``status.kopf``, which is kopf's).
+
+    ``pods`` are the target pods (None: not looked up this round, keep the brokers as they
+    were); ``scrapes`` the reports pulled this round by pod name (None: no pull this round, so
+    no report counts as missed); ``sidecar_hash`` the hash of the sidecar the pods should run
+    (None: no target). ``policy`` is None when the spec is invalid.
+    """
+    previous = previous or {}
+    old_brokers: Mapping[str, Mapping[str, Any]] = previous.get("brokers") or {}
+    if policy is not None:
+        interval_seconds = policy.reporting.interval_seconds
+        top_partitions = policy.reporting.top_partitions
+    has_target = policy is not None and policy.target is not None
+
+    # -- brokers ---------------------------------------------------------------------------
+    brokers: dict[str, dict[str, Any]] = {}
+    fresh_top: list[dict[str, Any]] = []
+    awaiting_sidecar: list[str] = []
+    outdated: list[str] = []
+    if pods is None:
+        brokers = {name: dict(entry) for name, entry in old_brokers.items()}
+        pod_view: list[BrokerPod] = []
+    else:
+        pod_view = sorted(pods, key=lambda p: p.name)[:MAX_BROKERS] if has_target else []
+    for pod in pod_view:
+        if not pod.has_sidecar:
+            awaiting_sidecar.append(pod.name)
+            continue
+        if sidecar_hash is not None and pod.sidecar_hash not in (None, sidecar_hash):
+            outdated.append(pod.name)
+        old = dict(old_brokers.get(pod.name) or {})
+        scrape = scrapes.get(pod.name) if scrapes is not None else None
+        if scrapes is None:
+            brokers[pod.name] = old
+        elif scrape is not None and scrape.report is not None:
+            brokers[pod.name] = _broker_entry(scrape.report, now)
+            fresh_top += [_top_entry(pod.name, p) for p in scrape.report["partitions"]]
+        else:
+            entry = {k: v for k, v in old.items() if k != "state"}
+            entry["missedReports"] = min(old.get("missedReports", 0) + 1, 2**31 - 1)
+            entry["state"] = "unreachable"
+            error = scrape.error if scrape is not None and scrape.error else "no report"
+            entry["message"] = error[:MAX_BROKER_MESSAGE]
+            brokers[pod.name] = entry
+    if pods is None:
+        expected = int((previous.get("summary") or {}).get("brokersExpected", len(brokers)))
+    else:
+        expected = len(pod_view)
+
+    live = {name: e for name, e in brokers.items() if _has_report(e) and not _is_stale(e)}
+    stale = sorted(name for name, e in brokers.items() if _is_stale(e))
+    never = sorted(name for name, e in brokers.items() if not _has_report(e) and not _is_stale(e))
+    broken = sorted(name for name, e in live.items()
+                    if e.get("deadThreads", 0) > 0 or e.get("state") == "error")
+    behind = sorted(name for name, e in live.items()
+                    if e.get("policyGeneration") is not None and e["policyGeneration"] < generation)
+
+    # -- top partitions --------------------------------------------------------------------
+    answered = {name for name, e in brokers.items() if e.get("missedReports", 1) == 0 and scrapes is not None}
+    kept = [dict(p) for p in previous.get("topPartitions") or []
+            if p.get("broker") in live and p.get("broker") not in answered]
+    top = sorted(fresh_top + kept, key=lambda p: (-p.get("cleanableRatio", 0.0), p.get("broker", ""),
+                                                  p.get("topic", ""), p.get("partition", 0)))
+    top = top[:top_partitions]
+
+    # -- summary ---------------------------------------------------------------------------
+    summary: dict[str, Any] = {
+        "uncleanablePartitions": sum(e.get("uncleanablePartitions", 0) for e in live.values()),
+        "cleanableBytes": sum(e.get("cleanableBytes", 0) for e in live.values()),
+        "stagedBytes": sum(e.get("stagedBytes", 0) for e in live.values()),
+        "bytesReclaimedTotal": sum(e.get("bytesReclaimedTotal", 0) for e in live.values()),
+        "brokersReporting": len(live),
+        "brokersExpected": expected,
+        "brokers": f"{len(live)}/{expected}",
+    }
+    if live:
+        summary["maxDirtyRatio"] = max(e.get("maxDirtyRatio", 0.0) for e in live.values())
+        summary["maxCompactionDelaySeconds"] = max(e.get("maxCompactionDelaySeconds", 0.0) for e in live.values())
+        summary["reportedAt"] = max(e["reportedAt"] for e in live.values())
+
+    # -- conditions ------------------------------------------------------------------------
+    paused = outcome.kind is OutcomeKind.PAUSED
+    conditions: list[dict[str, Any]] = list(previous.get("conditions") or [])
+
+    def put(type_: str, status: bool, reason: str, message: str) -> None:
+        nonlocal conditions
+        conditions = upsert_condition(conditions, type_, status, reason, message, generation, now)
+
+    silent_for = STALE_AFTER * interval_seconds
+    if stale:
+        degraded = ("BrokersNotReporting",
+                    f"{'broker' if len(stale) == 1 else 'brokers'} {_names(stale)} "
+                    f"{'has' if len(stale) == 1 else 'have'} not reported for {STALE_AFTER} intervals "
+                    f"({silent_for}s)" + _first_error(brokers, stale))
+    elif broken:
+        degraded = ("SidecarErrors", f"sidecar cleaner failing on {_names(broken)}"
+                    + _first_error(brokers, broken, dead_threads=True))
+    else:
+        degraded = None
+    put("Degraded", degraded is not None, *(degraded or (RECONCILED, "")))
+
+    if outcome.kind is OutcomeKind.STALLED:
+        put("Stalled", True, outcome.reason, outcome.message)
+        put("Reconciling", False, outcome.reason, "stalled: " + outcome.message)
+        put("Ready", False, outcome.reason, outcome.message)
+    else:
+        put("Stalled", False, RECONCILED, "")
+        waiting: tuple[str, str] | None = None
+        if not has_target:
+            pass
+        elif awaiting_sidecar:
+            waiting = ("AwaitingRollout", f"{_names(awaiting_sidecar)} "
+                       f"{'does' if len(awaiting_sidecar) == 1 else 'do'} not run the sidecar yet "
+                       "(waiting for the pods to be recreated)")
+        elif outdated:
+            waiting = ("AwaitingRollout", f"{_names(outdated)} "
+                       f"{'runs' if len(outdated) == 1 else 'run'} an outdated sidecar "
+                       "(waiting for the pods to be recreated)")
+        elif expected == 0:
+            waiting = ("NoPods", "no target pods found yet")
+        elif never:
+            waiting = ("AwaitingReports", f"waiting for the first report of {_names(never)}")
+        elif behind and not paused:
+            waiting = ("AwaitingPolicy", f"{_names(behind)} not yet running policy generation {generation}")
+        if paused:
+            put("Reconciling", False, outcome.reason, outcome.message)
+        elif waiting is not None and not stale:
+            put("Reconciling", True, *waiting)
+        else:
+            put("Reconciling", False, RECONCILED, "")
+        suffix = " (paused)" if paused else ""
+        if degraded is not None:
+            put("Ready", False, degraded[0], degraded[1])
+        elif waiting is not None:
+            put("Ready", False, waiting[0], waiting[1] + suffix)
+        elif not has_target:
+            put("Ready", True, "NoTarget",
+                "no target: the policy ConfigMap is written, no sidecar is injected" + suffix)
+        else:
+            ratio = summary.get("maxDirtyRatio")
+            detail = f"; max dirty ratio {ratio:.2f}" if ratio is not None else ""
+            put("Ready", True, "AllBrokersReporting",
+                f"{len(live)}/{expected} brokers reporting{detail}{suffix}")
+
+    status: dict[str, Any] = {
+        "observedGeneration": generation,
+        "paused": paused,
+        "conditions": conditions,
+        "summary": summary,
+        "brokers": brokers,
+        "topPartitions": top,
+    }
+    return _fit(status)
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+def _fit(status: dict[str, Any]) -> dict[str, Any]:
+    """Trim ``topPartitions`` (the least cleanable first) until the status fits the budget."""
+    excess = _size(status) - STATUS_BUDGET
+    top = status["topPartitions"]
+    while excess > 0 and top:
+        excess -= _size(top.pop()) + 1
+    return status
+
+
+def _first_error(brokers: Mapping[str, Mapping[str, Any]], pods: Sequence[str], *,
+                 dead_threads: bool = False) -> str:
+    for pod in pods:
+        entry = brokers[pod]
+        if dead_threads and entry.get("deadThreads"):
+            return f"; {pod}: {entry['deadThreads']} dead cleaner thread(s)"
+        if entry.get("message"):
+            return f"; {pod}: {entry['message']}"
+    return ""
+
+
+def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch (``{"status": ...}``) from ``old`` to ``new``, or None if they are equal.
+
+    Brokers missing from ``new`` are deleted (``null``), and so are fields a broker entry lost;
+    ``status.kopf`` is never touched.
+    """
+    old = {k: v for k, v in (old or {}).items() if k != "kopf"}
+    if old == dict(new):
+        return None
+    patch: dict[str, Any] = {key: value for key, value in new.items() if old.get(key) != value}
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    if "brokers" in patch and isinstance(old.get("brokers"), Mapping):
+        brokers: dict[str, Any] = {}
+        for pod, entry in new["brokers"].items():
+            before = old["brokers"].get(pod)
+            if before == entry:
+                continue
+            if isinstance(before, Mapping):
+                brokers[pod] = {**dict(entry), **{k: None for k in before if k not in entry}}
+            else:
+                brokers[pod] = entry
+        brokers.update({pod: None for pod in old["brokers"] if pod not in new["brokers"]})
+        patch["brokers"] = brokers
+    if "summary" in patch and isinstance(old.get("summary"), Mapping):
+        patch["summary"] = {**dict(new["summary"]), **{k: None for k in old["summary"] if k not in new["summary"]}}
+    return {"status": patch}

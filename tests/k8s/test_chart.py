@@ -1,0 +1,426 @@
+"""The Helm chart: the real helm (lint, template), kubernetes-validate on what it renders, the
+values schema, least-privilege RBAC, the alert rules under a real promtool, and the settings
+the Deployment gives the operator."""
+
+from __future__ import annotations
+
+import base64
+import json
+import pathlib
+import shutil
+import subprocess
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from compaction_operator.handlers import WEBHOOK_ID
+from compaction_operator.settings import OperatorConfig
+from fakekube import RequestInfo
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "kafka-cleaner-operator"
+HELM = REPO / ".tools" / "bin" / "helm"
+KUBE_VERSION = "1.30.0"
+Render = Callable[..., list[dict[str, Any]]]
+
+ALL_ON: dict[str, Any] = {
+    "replicaCount": 2, "leaderElection": {"enabled": True}, "webhook": {"enabled": True},
+    "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True},
+                "prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
+    "networkPolicy": {"enabled": True, "brokerNamespaces": ["kafka"],
+                      "brokerPodSelector": {"matchLabels": {"strimzi.io/kind": "Kafka"}}},
+}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "all-features": ALL_ON,
+    "watch-namespaces": {**ALL_ON, "watchNamespaces": ["kafka", "kafka-b"]},
+    "webhook-cert-manager": {"webhook": {"enabled": True, "certManager": {"enabled": True}}},
+    "webhook-managed-by-operator": {"webhook": {"enabled": True, "manageConfiguration": True}},
+    "webhook-existing-secret": {"webhook": {"enabled": True, "tls": {"existingSecret": "mine",
+                                                                     "caBundle": "Y2E="}}},
+}
+#: Kinds kubernetes-validate has no schema for (custom resources of other projects).
+FOREIGN_GROUPS = ("monitoring.coreos.com/", "cert-manager.io/")
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    if not HELM.exists():
+        pytest.skip(f"helm is not installed at {HELM} (make setup installs it)")
+    result = subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=60)
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+# -------------------------------------------------------------------------------------------
+# The CRD, lint, template, validation
+# -------------------------------------------------------------------------------------------
+
+
+def test_the_chart_ships_the_crd_unchanged() -> None:
+    shipped = (CHART / "crds" / "compactionpolicy.yaml").read_bytes()
+    assert shipped == (REPO / "crds" / "compactionpolicy.yaml").read_bytes()
+
+
+def test_the_readme_says_how_to_upgrade_the_crd() -> None:
+    readme = (CHART / "README.md").read_text()
+    assert "never upgrades" in readme
+    assert "kubectl apply --server-side --force-conflicts -f ./helm/kafka-cleaner-operator/crds/compactionpolicy.yaml" \
+        in readme
+
+
+@pytest.mark.parametrize("variant", ["defaults", "all-features"])
+def test_helm_lint_strict(variant: str, tmp_path: pathlib.Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(VARIANTS[variant]))
+    helm("lint", "--strict", str(CHART), "-f", str(values))
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_rendered_manifests_are_valid_kubernetes_objects(variant: str, helm_template: Render) -> None:
+    objects = helm_template(VARIANTS[variant], extra_args=["--include-crds"])
+    assert by_kind(objects, "CustomResourceDefinition"), "--include-crds renders the CRD"
+    checked = 0
+    for obj in objects:
+        if obj["apiVersion"].startswith(FOREIGN_GROUPS):
+            continue
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+        checked += 1
+        meta = obj["metadata"]
+        if obj["kind"] != "CustomResourceDefinition":
+            assert meta["labels"]["app.kubernetes.io/part-of"] == "kafka-cleaner", (obj["kind"], meta["name"])
+        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                               "MutatingWebhookConfiguration"):
+            assert meta.get("namespace"), f"{obj['kind']} {meta['name']} has no namespace"
+    assert checked >= 8
+
+
+@pytest.mark.parametrize(("values", "error"), [
+    ({"image": {"pullPolicy": "Sometimes"}}, "image.pullPolicy"),
+    ({"replicaCount": "two"}, "replicaCount"),
+    ({"watchNamespaces": ["Kafka_NS"]}, "watchNamespaces"),
+    ({"logLevel": "TRACE"}, "logLevel"),
+    ({"webhook": {"enabled": "yes"}}, "webhook.enabled"),
+    ({"webhook": {"port": 70000}}, "webhook.port"),
+    ({"leaderElection": {"enabeld": True}}, "enabeld"),
+    ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "interval"),
+    ({"imagePullPolicy": "Always"}, "imagePullPolicy"),
+    ({"image": {"digest": "sha1:abc"}}, "image.digest"),
+])
+def test_the_values_schema_rejects_bad_values(values: dict[str, Any], error: str, tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    result = helm("template", "x", str(CHART), "-f", str(path), check=False)
+    assert result.returncode != 0, f"helm template accepted {values}"
+    assert error in result.stderr
+
+
+def test_helm_lint_rejects_bad_values_too(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({"logLevel": "TRACE", "webhook": {"enabled": "yes"}}))
+    result = helm("lint", "--strict", str(CHART), "-f", str(path), check=False)
+    assert result.returncode != 0 and "logLevel" in result.stdout and "webhook.enabled" in result.stdout
+
+
+@pytest.mark.parametrize(("values", "error"), [
+    ({"replicaCount": 2}, "needs leaderElection.enabled=true"),
+    ({"networkPolicy": {"enabled": True, "brokerNamespaces": ["kafka"]}}, "brokerPodSelector"),
+    ({"networkPolicy": {"enabled": True, "brokerPodSelector": {"matchLabels": {"a": "b"}}}}, "brokerNamespaces"),
+    ({"webhook": {"enabled": True, "tls": {"existingSecret": "mine"}}}, "webhook.tls.caBundle"),
+])
+def test_inconsistent_values_fail_with_a_message(values: dict[str, Any], error: str, tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    result = helm("template", "x", str(CHART), "-f", str(path), check=False)
+    assert result.returncode != 0 and error in result.stderr, result.stderr
+
+
+# -------------------------------------------------------------------------------------------
+# The Deployment and the operator's settings
+# -------------------------------------------------------------------------------------------
+
+
+def deployment_env(objects: list[dict[str, Any]]) -> dict[str, str]:
+    [deployment] = by_kind(objects, "Deployment")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    env.update({e["name"]: f"<{e['valueFrom']['fieldRef']['fieldPath']}>" for e in container["env"]
+                if "valueFrom" in e})
+    return env
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_deployment_configures_the_operator(variant: str, helm_template: Render) -> None:
+    objects = helm_template(VARIANTS[variant])
+    env = deployment_env(objects)
+    config = OperatorConfig.from_env(env)  # what the operator will read: valid for every variant
+    values = VARIANTS[variant]
+    assert config.namespaces == tuple(values.get("watchNamespaces", ()))
+    assert config.sidecar_image == "ghcr.io/kafka-cleaner/kafka-cleaner:0.1.0"
+    assert config.leader_election is bool(values.get("leaderElection"))
+    assert config.webhook_enabled is bool(values.get("webhook"))
+    if config.webhook_enabled:
+        assert config.webhook_service_name == "kco-kafka-cleaner-operator" and config.webhook_service_port == 443
+        manage = values["webhook"].get("manageConfiguration", False)
+        assert (config.webhook_configuration is not None) is manage
+    [deployment] = by_kind(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["command"] == ["kafka-cleaner-operator"]
+    assert container["image"] == "ghcr.io/kafka-cleaner/kafka-cleaner:0.1.0"
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 65532
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]} and security["seccompProfile"]["type"] == "RuntimeDefault"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert pod["serviceAccountName"] == by_kind(objects, "ServiceAccount")[0]["metadata"]["name"]
+
+
+def test_scheduling_values_reach_the_pod(helm_template: Render) -> None:
+    values = {"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
+              "nodeSelector": {"kubernetes.io/os": "linux"},
+              "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                  {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["ops"]}]}]}}},
+              "image": {"digest": "sha256:" + "a" * 64}, "resources": {"limits": {"cpu": "1"}}}
+    [deployment] = by_kind(helm_template(values), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["tolerations"] == values["tolerations"] and pod["nodeSelector"] == values["nodeSelector"]
+    assert pod["affinity"] == values["affinity"]
+    assert pod["containers"][0]["image"] == "ghcr.io/kafka-cleaner/kafka-cleaner@sha256:" + "a" * 64
+    assert pod["containers"][0]["resources"]["limits"] == {"cpu": "1", "memory": "256Mi"}  # merged with defaults
+
+
+# -------------------------------------------------------------------------------------------
+# RBAC: least privilege
+# -------------------------------------------------------------------------------------------
+
+
+def granted(rbac: SimpleNamespace, objects: list[dict[str, Any]]) -> set[tuple[str, str, str, str, str]]:
+    """(scope, apiGroup, resource, verb, resourceName) of every rule bound to the operator."""
+    out = set()
+    for grant in rbac.operator_grants(objects):
+        rule = grant.rule
+        assert not rule.get("nonResourceURLs"), rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    for name in rule.get("resourceNames") or ["*any*"]:
+                        out.add((grant.namespace or "cluster", group, resource, verb, name))
+    return out
+
+
+NAMESPACED = {
+    ("kafkacleaner.io", "compactionpolicies", v) for v in ("get", "list", "watch", "patch")} | {
+    ("kafkacleaner.io", "compactionpolicies/status", v) for v in ("get", "patch")} | {
+    ("kafkacleaner.io", "compactionpolicies/finalizers", "update")} | {
+    ("apps", "statefulsets", v) for v in ("get", "list", "watch", "patch")} | {
+    ("", "pods", v) for v in ("get", "list", "watch")} | {
+    ("", "configmaps", v) for v in ("get", "list", "watch", "create", "update", "patch", "delete")} | {
+    ("", "events", v) for v in ("create", "patch")}
+CRDS = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_rbac_grants_exactly_what_the_operator_needs(variant: str, helm_template: Render,
+                                                     rbac: SimpleNamespace) -> None:
+    values = VARIANTS[variant]
+    grants = granted(rbac, helm_template(values))
+    watched = values.get("watchNamespaces")
+    expected = {("cluster", g, r, v, "*any*") for g, r, v in CRDS}
+    if watched:
+        expected |= {(ns, g, r, v, "*any*") for ns in watched for g, r, v in NAMESPACED}
+        expected |= {("cluster", "", "namespaces", v, "*any*") for v in ("get", "list", "watch")}
+    else:
+        expected |= {("cluster", g, r, v, "*any*") for g, r, v in NAMESPACED}
+    if values.get("leaderElection"):
+        expected |= {("default", "coordination.k8s.io", "leases", "create", "*any*")}
+        expected |= {("default", "coordination.k8s.io", "leases", v, "kco-kafka-cleaner-operator")
+                     for v in ("get", "update")}
+    if values.get("webhook", {}).get("manageConfiguration"):
+        name = "kco-kafka-cleaner-operator.kafkacleaner.io"
+        for resource in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+            expected |= {("cluster", "admissionregistration.k8s.io", resource, "create", "*any*")}
+            expected |= {("cluster", "admissionregistration.k8s.io", resource, v, name) for v in ("get", "patch")}
+    assert grants == expected
+
+
+def test_nothing_broad_or_dangerous_is_granted(helm_template: Render, rbac: SimpleNamespace) -> None:
+    dangerous = {"secrets", "pods/exec", "pods/attach", "pods/portforward", "pods/log", "serviceaccounts/token",
+                 "nodes", "clusterroles", "roles", "rolebindings", "clusterrolebindings"}
+    for values in VARIANTS.values():
+        for grant in rbac.operator_grants(helm_template(values)):
+            rule = grant.rule
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(key, []), (grant.source, rule)
+            assert not dangerous & set(rule["resources"]), (grant.source, rule)
+            assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"])
+            if "pods" in rule["resources"]:
+                assert set(rule["verbs"]) <= {"get", "list", "watch"}
+
+
+def test_a_denied_call_is_reported(helm_template: Render, rbac: SimpleNamespace) -> None:
+    """The RBAC matcher the e2e tests rely on says no when it should."""
+    grants = rbac.operator_grants(helm_template({"watchNamespaces": ["kafka"], "leaderElection": {"enabled": True}}))
+
+    def allowed(verb: str, group: str, resource: str, namespace: str = "", name: str = "",
+                subresource: str = "") -> bool:
+        info = RequestInfo(True, verb, "/", group, "v1", resource, subresource, namespace, name)
+        return any(rbac.grant_allows(g, info) for g in grants)
+
+    assert allowed("patch", "apps", "statefulsets", "kafka", "broker")
+    assert not allowed("patch", "apps", "statefulsets", "other", "broker")  # not a watched namespace
+    assert not allowed("list", "kafkacleaner.io", "compactionpolicies")  # cluster-wide
+    assert allowed("patch", "kafkacleaner.io", "compactionpolicies", "kafka", "p", "status")
+    assert not allowed("get", "", "secrets", "kafka", "x")
+    assert not allowed("create", "", "pods", "kafka", "x", "exec")
+    assert allowed("update", "coordination.k8s.io", "leases", "default", "kco-kafka-cleaner-operator")
+    assert not allowed("update", "coordination.k8s.io", "leases", "default", "someone-elses")
+
+
+def test_aggregated_roles_for_users(helm_template: Render) -> None:
+    roles = {r["metadata"]["name"]: r for r in by_kind(helm_template({}), "ClusterRole")}
+    edit, view = roles["kco-kafka-cleaner-operator-edit"], roles["kco-kafka-cleaner-operator-view"]
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert set(view["rules"][0]["verbs"]) == {"get", "list", "watch"}
+    assert "kco-kafka-cleaner-operator-edit" not in {r["metadata"]["name"] for r in
+                                                     by_kind(helm_template({"rbac": {"aggregateToDefaultRoles":
+                                                                                     False}}), "ClusterRole")}
+
+
+# -------------------------------------------------------------------------------------------
+# The webhook configuration
+# -------------------------------------------------------------------------------------------
+
+
+def test_the_webhook_configuration_reaches_the_handler(helm_template: Render) -> None:
+    objects = helm_template({"webhook": {"enabled": True, "objectSelector": {"strimzi.io/kind": "Kafka"}},
+                             "watchNamespaces": ["kafka"]})
+    [config] = by_kind(objects, "MutatingWebhookConfiguration")
+    [hook] = config["webhooks"]
+    assert hook["clientConfig"]["service"] == {"name": "kco-kafka-cleaner-operator", "namespace": "default",
+                                               "port": 443, "path": f"/{WEBHOOK_ID}"}
+    [service] = by_kind(objects, "Service")
+    assert {"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"} in service["spec"]["ports"]
+    assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 5
+    assert hook["rules"][0]["operations"] == ["CREATE"] and hook["rules"][0]["resources"] == ["pods"]
+    assert hook["objectSelector"] == {"matchExpressions": [{"key": "strimzi.io/kind", "operator": "In",
+                                                            "values": ["Kafka"]}]}
+    assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == ["kafka"]
+    [secret] = by_kind(objects, "Secret")
+    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    assert base64.b64decode(secret["data"]["tls.crt"]).startswith(b"-----BEGIN CERTIFICATE-----")
+    [deployment] = by_kind(objects, "Deployment")
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "webhook-tls", "secret": {"secretName": secret["metadata"]["name"]}} in volumes
+
+
+def test_cert_manager_injects_the_ca(helm_template: Render) -> None:
+    objects = helm_template({"webhook": {"enabled": True, "certManager": {"enabled": True}}})
+    [config] = by_kind(objects, "MutatingWebhookConfiguration")
+    assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
+        "default/kco-kafka-cleaner-operator-webhook"
+    [certificate] = by_kind(objects, "Certificate")
+    assert "kco-kafka-cleaner-operator.default.svc" in certificate["spec"]["dnsNames"]
+    assert by_kind(objects, "Issuer") and not by_kind(objects, "Secret")
+
+
+# -------------------------------------------------------------------------------------------
+# Monitoring
+# -------------------------------------------------------------------------------------------
+
+
+def rule_file(helm_template: Render, tmp_path: pathlib.Path, *, annotations: bool = True) -> pathlib.Path:
+    [rule] = by_kind(helm_template(ALL_ON), "PrometheusRule")
+    groups = rule["spec"]["groups"]
+    if not annotations:  # the firing tests check labels and timing, not the wording
+        groups = [{**g, "rules": [{k: v for k, v in r.items() if k != "annotations"} for r in g["rules"]]}
+                  for g in groups]
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": groups}))
+    return path
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
+def test_alert_rules_pass_promtool(helm_template: Render, tmp_path: pathlib.Path) -> None:
+    path = rule_file(helm_template, tmp_path)
+    result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    names = {r["alert"] for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"]}
+    assert {"KafkaCleanerDeadThreads", "KafkaCleanerUncleanablePartitions", "KafkaCleanerNotRunning",
+            "KafkaCleanerCompactionDelay", "KafkaCleanerReportsStale", "KafkaCleanerSidecarDown"} <= names
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
+def test_alerts_fire_on_the_sidecar_metrics(helm_template: Render, tmp_path: pathlib.Path) -> None:
+    """promtool's rule unit tests: synthetic series of the sidecars' metric names fire each alert
+    after its ``for``, and healthy series fire nothing."""
+    path = rule_file(helm_template, tmp_path, annotations=False)
+    pod = 'namespace="kafka",pod="kafka-0"'
+    tests = {"rule_files": [str(path)], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": f"kafka_cleaner_dead_threads{{{pod}}}", "values": "0 1x20"},
+            {"series": f'kafka_cleaner_uncleanable_partitions{{{pod},log_dir="/var/lib/kafka/data"}}',
+             "values": "2x20"},
+            {"series": f"kafka_cleaner_time_since_last_run_seconds{{{pod}}}", "values": "90000x30"},
+            {"series": f"kafka_cleaner_max_compaction_delay_seconds{{{pod}}}", "values": "0x30"},
+            {"series": 'kafka_cleaner_operator_stale_brokers{namespace="kafka",policy="offsets"}', "values": "1x10"},
+        ],
+        "alert_rule_test": [
+            {"eval_time": "4m", "alertname": "KafkaCleanerDeadThreads", "exp_alerts": []},
+            {"eval_time": "7m", "alertname": "KafkaCleanerDeadThreads", "exp_alerts": [
+                {"exp_labels": {"severity": "critical", "namespace": "kafka", "pod": "kafka-0"}}]},
+            {"eval_time": "9m", "alertname": "KafkaCleanerUncleanablePartitions", "exp_alerts": []},
+            {"eval_time": "11m", "alertname": "KafkaCleanerUncleanablePartitions", "exp_alerts": [
+                {"exp_labels": {"severity": "warning", "namespace": "kafka", "pod": "kafka-0",
+                                "log_dir": "/var/lib/kafka/data"}}]},
+            {"eval_time": "16m", "alertname": "KafkaCleanerNotRunning", "exp_alerts": [
+                {"exp_labels": {"severity": "warning", "namespace": "kafka", "pod": "kafka-0"}}]},
+            {"eval_time": "16m", "alertname": "KafkaCleanerCompactionDelay", "exp_alerts": []},
+            {"eval_time": "6m", "alertname": "KafkaCleanerReportsStale", "exp_alerts": [
+                {"exp_labels": {"severity": "warning", "namespace": "kafka", "policy": "offsets"}}]},
+        ]}]}
+    test_path = tmp_path / "tests.yaml"
+    test_path.write_text(yaml.safe_dump(tests))
+    result = subprocess.run(["promtool", "test", "rules", str(test_path)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_grafana_dashboard(helm_template: Render) -> None:
+    [configmap] = [o for o in by_kind(helm_template(ALL_ON), "ConfigMap") if o["metadata"]["name"].endswith(
+        "-dashboard")]
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(configmap["data"]["kafka-cleaner.json"])
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    for metric in ("kafka_cleaner_max_dirty_ratio", "kafka_cleaner_uncleanable_partitions",
+                   "kafka_cleaner_dead_threads", "kafka_cleaner_time_since_last_run_seconds",
+                   "kafka_cleaner_operator_stale_brokers"):
+        assert any(metric in e for e in exprs), metric
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+def test_monitors_and_network_policy(helm_template: Render) -> None:
+    objects = helm_template(ALL_ON)
+    [service_monitor] = by_kind(objects, "ServiceMonitor")
+    assert service_monitor["spec"]["endpoints"][0]["port"] == "http-metrics"
+    [pod_monitor] = by_kind(objects, "PodMonitor")
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "cleaner-metrics"
+    assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
+    [policy] = by_kind(objects, "NetworkPolicy")
+    assert policy["metadata"]["namespace"] == "kafka"
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"strimzi.io/kind": "Kafka"}}
+    rule = policy["spec"]["ingress"][0]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9410}]
+    assert rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "kafka-cleaner-operator"
+    assert rule["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "default"}

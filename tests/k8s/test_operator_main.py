@@ -1,0 +1,237 @@
+"""``kafka-cleaner-operator`` as deployed: settings from the environment, two replicas electing a
+leader through a Lease (the follower serving the webhook), SIGTERM, and the Lease logic itself
+under a mock clock. Every call is checked against the chart's RBAC."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kubernetes
+import pytest
+from compaction_operator.kube import Kube
+from compaction_operator.leader import LeaseElector
+from fakekube import RunningFakeKube
+from kubernetes.client import CustomObjectsApi
+
+from cleaner.clock import MockTime
+
+G, V, P = "kafkacleaner.io", "v1alpha1", "compactionpolicies"
+NS = "default"
+OPERATOR = pathlib.Path(sys.executable).with_name("kafka-cleaner-operator")
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 45.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if result := predicate():
+                return result
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+class Replica:
+    """One ``kafka-cleaner-operator`` process."""
+
+    def __init__(self, name: str, kube: RunningFakeKube, log: pathlib.Path, *, webhook: bool = True) -> None:
+        self.name, self.http_port, self.webhook_port = name, free_port(), free_port()
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin"), "PYTHONSAFEPATH": "1",
+            "KUBECONFIG": str(kube.kubeconfig), "POD_NAME": name, "POD_NAMESPACE": NS,
+            "KAFKA_CLEANER_LOG_FORMAT": "plain", "KAFKA_CLEANER_SIDECAR_IMAGE": "registry.example/kc:main",
+            "KAFKA_CLEANER_HTTP_ADDR": "127.0.0.1", "KAFKA_CLEANER_HTTP_PORT": str(self.http_port),
+            "KAFKA_CLEANER_LEADER_ELECTION": "true", "KAFKA_CLEANER_LEASE_NAME": "kco-kafka-cleaner-operator",
+            "KAFKA_CLEANER_LEASE_DURATION_SECONDS": "4", "KAFKA_CLEANER_LEASE_RENEW_DEADLINE_SECONDS": "3",
+            "KAFKA_CLEANER_LEASE_RETRY_PERIOD_SECONDS": "0.5",
+            "KAFKA_CLEANER_WEBHOOK_ENABLED": str(webhook).lower(), "KAFKA_CLEANER_WEBHOOK_INSECURE": "true",
+            "KAFKA_CLEANER_WEBHOOK_ADDR": "127.0.0.1", "KAFKA_CLEANER_WEBHOOK_PORT": str(self.webhook_port),
+        }
+        self.log = log
+        with log.open("wb") as output:  # the child keeps its own descriptor
+            self.process = subprocess.Popen([str(OPERATOR)], env=env, stdout=output, stderr=subprocess.STDOUT)
+
+    def ready(self) -> bool:
+        return http_status(f"http://127.0.0.1:{self.http_port}/readyz") == 200
+
+    def metric(self, name: str) -> float | None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/metrics", timeout=2) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        return None
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise AssertionError(f"{self.name} did not stop on SIGTERM:\n{self.log.read_text()}") from None
+
+
+@contextlib.contextmanager
+def replicas(kube: RunningFakeKube, tmp_path: pathlib.Path, *names: str) -> Iterator[list[Replica]]:
+    started: list[Replica] = []
+    try:
+        for name in names:
+            started.append(Replica(name, kube, tmp_path / f"{name}.log"))
+        yield started
+    finally:
+        for replica in started:
+            if replica.process.poll() is None:
+                replica.process.kill()
+                replica.process.wait(10)
+
+
+def lease_holder(kube: RunningFakeKube) -> str | None:
+    lease = kube.server.read("coordination.k8s.io/v1", "leases", "kco-kafka-cleaner-operator", NS)
+    return (lease or {}).get("spec", {}).get("holderIdentity")
+
+
+def ready_condition(kube: RunningFakeKube, name: str) -> dict[str, Any]:
+    obj = kube.server.read(f"{G}/{V}", P, name, NS) or {}
+    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == "Ready"), {})
+
+
+def review(port: int) -> dict[str, Any]:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "b-0", "namespace": NS, "labels": {"app": "b"}},
+           "spec": {"containers": [{"name": "kafka", "image": "k"}], "volumes": [{"name": "data", "emptyDir": {}}]}}
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": NS, "operation": "CREATE",
+        "userInfo": {"username": "test"}, "object": pod, "oldObject": None, "dryRun": False}}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/inject-sidecar", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())["response"]
+
+
+@pytest.mark.skipif(not OPERATOR.exists(), reason=f"console script not installed at {OPERATOR}")
+def test_two_replicas_elect_a_leader_and_hand_over(fakekube: RunningFakeKube, kube_client: kubernetes.client.ApiClient,
+                                                  compactionpolicy_crd: dict[str, Any], tmp_path: pathlib.Path,
+                                                  assert_rbac_allows: Callable[..., None]) -> None:
+    custom = CustomObjectsApi(kube_client)
+    webhook_target = {"podSelector": {"matchLabels": {"app": "b"}}, "dataVolume": "data", "mountPath": "/d",
+                      "logDirs": ["."]}
+    custom.create_namespaced_custom_object(G, V, NS, P, {
+        "apiVersion": f"{G}/{V}", "kind": "CompactionPolicy", "metadata": {"name": "by-webhook"},
+        "spec": {"target": webhook_target, "reporting": {"intervalSeconds": 1}}})
+    with replicas(fakekube, tmp_path, "op-a") as [a]:
+        wait_for(lambda: lease_holder(fakekube) == "op-a", what="op-a leads")
+        with replicas(fakekube, tmp_path, "op-b") as [b]:
+            # Both are ready (rollouts proceed); only the leader reconciles; both answer the webhook.
+            wait_for(lambda: a.ready() and b.ready(), what="both ready")
+            wait_for(lambda: a.metric("kafka_cleaner_operator_leader") == 1.0, what="op-a's leader gauge")
+            assert b.metric("kafka_cleaner_operator_leader") == 0.0
+            wait_for(lambda: ready_condition(fakekube, "by-webhook").get("reason") == "NoPods", what="reconciled")
+            for replica in (a, b):
+                answer = wait_for(lambda r=replica: review(r.webhook_port).get("patch"), what=f"{replica.name} hook")
+                assert answer
+
+            custom.create_namespaced_custom_object(G, V, NS, P, {
+                "apiVersion": f"{G}/{V}", "kind": "CompactionPolicy", "metadata": {"name": "first"}, "spec": {}})
+            wait_for(lambda: ready_condition(fakekube, "first").get("reason") == "NoTarget", what="first Ready")
+            assert "Leading as op-a" in a.log.read_text() and "Leading as" not in b.log.read_text()
+
+            # The leader stops: it gives the Lease up, and the follower takes over at once.
+            assert a.stop() == 0
+            wait_for(lambda: lease_holder(fakekube) == "op-b", what="op-b leads")
+            custom.create_namespaced_custom_object(G, V, NS, P, {
+                "apiVersion": f"{G}/{V}", "kind": "CompactionPolicy", "metadata": {"name": "second"}, "spec": {}})
+            wait_for(lambda: ready_condition(fakekube, "second").get("reason") == "NoTarget", what="second Ready")
+            assert b.stop() == 0
+    assert lease_holder(fakekube) is None  # released
+    for log in tmp_path.glob("*.log"):
+        assert "Traceback" not in log.read_text(), log.read_text()
+    assert_rbac_allows(fakekube, {"leaderElection": {"enabled": True}, "webhook": {"enabled": True},
+                                  "replicaCount": 2})
+
+
+@pytest.mark.skipif(not OPERATOR.exists(), reason=f"console script not installed at {OPERATOR}")
+def test_a_waiting_candidate_is_ready_reconciles_nothing_and_stops(
+        fakekube: RunningFakeKube, kube_client: kubernetes.client.ApiClient, compactionpolicy_crd: dict[str, Any],
+        tmp_path: pathlib.Path, assert_rbac_allows: Callable[..., None]) -> None:
+    kubernetes.client.CoordinationV1Api(kube_client).create_namespaced_lease(NS, {
+        "metadata": {"name": "kco-kafka-cleaner-operator"},
+        "spec": {"holderIdentity": "elsewhere", "leaseDurationSeconds": 3600,
+                 "renewTime": "2030-01-01T00:00:00.000000Z"}})
+    CustomObjectsApi(kube_client).create_namespaced_custom_object(G, V, NS, P, {
+        "apiVersion": f"{G}/{V}", "kind": "CompactionPolicy", "metadata": {"name": "waiting"}, "spec": {}})
+    candidate = Replica("op-c", fakekube, tmp_path / "op-c.log", webhook=False)
+    try:
+        wait_for(candidate.ready, what="ready while waiting")
+        time.sleep(1.0)
+        assert candidate.stop() == 0
+    finally:
+        if candidate.process.poll() is None:
+            candidate.process.kill()
+    assert lease_holder(fakekube) == "elsewhere"
+    assert ready_condition(fakekube, "waiting") == {}  # never reconciled
+    assert "Traceback" not in candidate.log.read_text()
+    assert_rbac_allows(fakekube, {"leaderElection": {"enabled": True}})
+
+
+# -------------------------------------------------------------------------------------------
+# The Lease logic, against fakekube, with a mock clock
+# -------------------------------------------------------------------------------------------
+
+
+def test_lease_election_rules(fakekube: RunningFakeKube, assert_rbac_allows: Callable[..., None]) -> None:
+    time_ = MockTime()
+    kube = Kube(fakekube.api_client("fakekube"))
+
+    def elector(identity: str) -> LeaseElector:
+        return LeaseElector(kube, namespace=NS, name="kco-kafka-cleaner-operator", identity=identity,
+                            lease_duration=15, renew_deadline=10, retry_period=2, time=time_)
+
+    a, b = elector("a"), elector("b")
+    assert a.try_acquire_or_renew() is True  # created
+    assert b.try_acquire_or_renew() is False
+    time_.advance(10_000)
+    assert a.try_acquire_or_renew() is True  # renewed
+    assert b.try_acquire_or_renew() is False  # it saw the renewal: not expired
+    time_.advance(16_000)  # a stops renewing
+    assert b.try_acquire_or_renew() is True  # taken over
+    lease = fakekube.server.read("coordination.k8s.io/v1", "leases", "kco-kafka-cleaner-operator", NS)
+    assert lease is not None
+    assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
+    assert a.try_acquire_or_renew() is False  # a lost it
+    b.release()
+    assert a.try_acquire_or_renew() is True  # released: no need to wait
+
+    # keep_leading: renewals that fail past the deadline call on_lost.
+    stop, lost = threading.Event(), threading.Event()
+    c = LeaseElector(kube, namespace=NS, name="kco-kafka-cleaner-operator", identity="c", lease_duration=0.6,
+                     renew_deadline=0.4, retry_period=0.1)
+    thread = c.keep_leading(stop, lost.set)  # c does not hold it: the first renewal fails
+    assert lost.wait(5)
+    thread.join(5)
+    assert_rbac_allows(fakekube, {"leaderElection": {"enabled": True}})

@@ -1,0 +1,55 @@
+"""The Dockerfile's promises that can be checked without a Docker engine (the image itself is
+built and run by a later test): a multi-stage build from the wheel, a numeric non-root user,
+exec-form entry points, and a build context with just what the wheel needs."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+
+from operator_samples import REPO
+
+DOCKERFILE = (REPO / "Dockerfile").read_text()
+
+
+def instructions() -> list[tuple[str, str]]:
+    text = re.sub(r"\\\n", " ", DOCKERFILE)
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
+            for line in (raw.strip() for raw in text.splitlines()) if line and not line.startswith("#")]
+
+
+def test_multi_stage_from_python_3_11_slim() -> None:
+    steps = instructions()
+    assert ("ARG", "PYTHON_IMAGE=python:3.11-slim-bookworm") in steps
+    stages = [args for op, args in steps if op == "FROM"]
+    assert stages == ["${PYTHON_IMAGE} AS builder", "${PYTHON_IMAGE} AS runtime"]
+    build = " ".join(args for op, args in steps if op == "RUN")
+    assert "pip wheel --no-deps" in build and "python -m venv /opt/kafka-cleaner" in build
+    runtime = steps[[i for i, (op, _) in enumerate(steps) if op == "FROM"][1]:]
+    assert ("COPY", "--from=builder /opt/kafka-cleaner /opt/kafka-cleaner") in runtime
+    assert not [args for op, args in runtime if op == "RUN"], "the runtime stage runs no shell"
+
+
+def test_runs_as_a_numeric_non_root_user_with_exec_form_entry_points() -> None:
+    steps = instructions()
+    users = [args for op, args in steps if op == "USER"]
+    assert users == ["65532:65532"]
+    entrypoint = json.loads(next(args for op, args in steps if op == "ENTRYPOINT"))
+    assert entrypoint == ["kafka-cleaner"]
+    json.loads(next(args for op, args in steps if op == "CMD"))
+
+
+def test_both_entry_points_are_console_scripts() -> None:
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["kafka-cleaner"] == "cleaner.cli:main"
+    assert scripts["kafka-cleaner-operator"] == "compaction_operator.main:main"
+    assert "kafka-cleaner --help" in DOCKERFILE and "kafka-cleaner-operator --help" in DOCKERFILE
+
+
+def test_the_build_context_is_an_allowlist() -> None:
+    lines = [line for line in (REPO / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
+    assert lines[0] == "*"
+    assert {"!pyproject.toml", "!README.md", "!cleaner/", "!operator/"} <= set(lines)
+    copied = re.findall(r"^COPY (?!--from)(.+?) \S+$", DOCKERFILE, re.MULTILINE)
+    assert copied == ["pyproject.toml README.md", "cleaner", "operator"]

@@ -1,0 +1,297 @@
+"""The sidecar and its patches (compaction_operator.injection), without a server: the strategic
+merge patch is applied with fakekube's implementation of the apiserver's rules."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+import sys
+from typing import Any
+
+import pytest
+from compaction_operator import injection
+from compaction_operator.injection import (
+    POLICY_ANNOTATION,
+    POLICY_VOLUME,
+    SIDECAR_CONTAINER,
+    SIDECAR_HASH_ANNOTATION,
+    KubeVersion,
+    build_sidecar,
+    configmap_name,
+    inject_into_pod,
+    label_selector_string,
+    removal_patch,
+    selector_matches,
+    template_patch,
+)
+from operator_samples import make_policy
+
+from cleaner.config import parse_policy_text
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "k8s"))
+from fakekube import label_selector, strategic_merge_patch
+
+IMAGE = "registry.example/kafka-cleaner:0.1.0"
+
+
+def broker_template(**extra_spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"labels": {"app": "kafka"}, "annotations": {"prometheus.io/scrape": "true"}},
+        "spec": {
+            "initContainers": [{"name": "init-config", "image": "busybox", "command": ["true"]}],
+            "containers": [
+                {"name": "kafka", "image": "apache/kafka:4.0.0", "ports": [{"containerPort": 9092}],
+                 "volumeMounts": [{"name": "data", "mountPath": "/var/lib/kafka"}]},
+                {"name": "jmx-exporter", "image": "jmx:1", "ports": [{"containerPort": 9404}]},
+            ],
+            "volumes": [{"name": "config", "emptyDir": {}}],
+            **extra_spec,
+        },
+    }
+
+
+def sts(template: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": "kafka", "resourceVersion": "7"}, "spec": {"template": template}}
+
+
+def apply(template: dict[str, Any], patch: dict[str, Any] | None) -> dict[str, Any]:
+    assert patch is not None
+    return strategic_merge_patch(sts(template), patch)["spec"]["template"]
+
+
+# -------------------------------------------------------------------------------------------
+# Version
+# -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("info", "expected", "native"), [
+    ({"major": "1", "minor": "29", "gitVersion": "v1.29.0"}, (1, 29), True),
+    ({"major": "1", "minor": "28", "gitVersion": "v1.28.9"}, (1, 28), False),
+    ({"major": "1", "minor": "29+", "gitVersion": "v1.29.3-eks-adc7111"}, (1, 29), True),
+    ({"major": "1", "minor": "27+", "gitVersion": "v1.27.16-gke.1"}, (1, 27), False),
+    ({"major": "", "minor": "", "gitVersion": "v1.31.2-eks-x"}, (1, 31), True),
+    ({"gitVersion": "v1.28.3+k3s1"}, (1, 28), False),
+    ({"major": "1", "minor": "33"}, (1, 33), True),
+])
+def test_version_parsing(info: dict[str, str], expected: tuple[int, int], native: bool) -> None:
+    version = KubeVersion.from_version_info(info)
+    assert (version.major, version.minor) == expected
+    assert version.native_sidecars is native
+
+
+def test_version_without_numbers_is_an_error() -> None:
+    with pytest.raises(ValueError, match="cannot tell"):
+        KubeVersion.from_version_info({"gitVersion": "unknown"})
+
+
+# -------------------------------------------------------------------------------------------
+# The sidecar
+# -------------------------------------------------------------------------------------------
+
+
+def test_sidecar_command_line_and_mounts() -> None:
+    policy = make_policy(target={"statefulSet": "kafka", "dataVolume": "data-0", "mountPath": "/var/lib/kafka/data-0",
+                                 "logDirs": ["kafka-log*", ".", "sub/dir/"]},
+                         sidecar={"port": 9555})
+    sidecar = build_sidecar(policy, image=IMAGE, native=True)
+    c = sidecar.container
+    assert c["name"] == SIDECAR_CONTAINER and c["image"] == IMAGE and c["command"] == ["kafka-cleaner"]
+    assert c["args"] == ["sidecar", "--policy", "/etc/kafka-cleaner/policy.yaml",
+                         "--log-dir", "/var/lib/kafka/data-0/kafka-log*",
+                         "--log-dir", "/var/lib/kafka/data-0",
+                         "--log-dir", "/var/lib/kafka/data-0/sub/dir",
+                         "--listen", "0.0.0.0:9555", "--broker-name", "$(POD_NAME)"]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}} \
+        in c["env"]
+    assert c["ports"] == [{"name": "cleaner-metrics", "containerPort": 9555, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["volumeMounts"] == [
+        {"name": POLICY_VOLUME, "mountPath": "/etc/kafka-cleaner", "readOnly": True},
+        {"name": "data-0", "mountPath": "/var/lib/kafka/data-0", "readOnly": True},
+    ]
+    assert c["restartPolicy"] == "Always" and sidecar.list_name == "initContainers"
+    assert sidecar.volume == {"name": POLICY_VOLUME, "configMap": {
+        "name": "offsets-kafka-cleaner", "items": [{"key": "policy.yaml", "path": "policy.yaml"}]}}
+    assert "resources" not in c
+
+
+def test_regular_container_below_1_29() -> None:
+    sidecar = build_sidecar(make_policy(), image=IMAGE, native=False)
+    assert "restartPolicy" not in sidecar.container and sidecar.list_name == "containers"
+
+
+@pytest.mark.parametrize(("mode", "read_only"), [("observe", True), ("compact", False), ("stage", False)])
+def test_data_mount_is_read_only_in_observe_mode(mode: str, read_only: bool) -> None:
+    target = {"statefulSet": "kafka", "dataVolume": "data", "mountPath": "/d", "logDirs": ["x"],
+              "injection": "statefulSet"}
+    sidecar = build_sidecar(make_policy(mode=mode, target=target), image=IMAGE, native=True)
+    assert sidecar.container["volumeMounts"][1] == {"name": "data", "mountPath": "/d", "readOnly": read_only}
+
+
+def test_security_context_restricted_defaults_merged_with_the_policy() -> None:
+    plain = build_sidecar(make_policy(), image=IMAGE, native=True).container["securityContext"]
+    assert plain == injection.RESTRICTED_SECURITY_CONTEXT
+    policy = make_policy(sidecar={"securityContext": {"runAsUser": 1001, "runAsGroup": 1001,
+                                                      "capabilities": {"add": ["CHOWN"]}}})
+    merged = build_sidecar(policy, image=IMAGE, native=True).container["securityContext"]
+    assert merged["runAsUser"] == 1001 and merged["runAsGroup"] == 1001
+    assert merged["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert merged["readOnlyRootFilesystem"] is True and merged["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_resources_from_the_policy() -> None:
+    policy = make_policy(sidecar={"resources": {"requests": {"cpu": "50m", "memory": "128Mi"},
+                                                "limits": {"memory": 268435456}}})
+    c = build_sidecar(policy, image=IMAGE, native=True).container
+    assert c["resources"] == {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "268435456"}}
+
+
+def test_the_hash_follows_the_sidecar_not_the_rest_of_the_policy() -> None:
+    base = build_sidecar(make_policy(), image=IMAGE, native=True)
+    topics = build_sidecar(make_policy(generation=9, topics=[{"match": "x", "cleanupPolicy": "compact"}],
+                                       reporting={"intervalSeconds": 5}), image=IMAGE, native=True)
+    assert topics.hash == base.hash
+    for other in (build_sidecar(make_policy(sidecar={"port": 9411}), image=IMAGE, native=True),
+                  build_sidecar(make_policy(), image=IMAGE + "x", native=True),
+                  build_sidecar(make_policy(), image=IMAGE, native=False),
+                  build_sidecar(make_policy(mode="compact"), image=IMAGE, native=True)):
+        assert other.hash != base.hash
+
+
+def test_a_sidecar_needs_a_target() -> None:
+    with pytest.raises(ValueError):
+        build_sidecar(make_policy(target=None), image=IMAGE, native=True)
+
+
+def test_configmap_names_stay_valid() -> None:
+    assert configmap_name("offsets") == "offsets-kafka-cleaner"
+    long = "a" * 250
+    name = configmap_name(long)
+    assert len(name) <= 253 and name.endswith("-kafka-cleaner") and name != configmap_name("a" * 249 + "b")
+
+
+# -------------------------------------------------------------------------------------------
+# Patching a StatefulSet's pod template
+# -------------------------------------------------------------------------------------------
+
+
+def _without_injection(template: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(template)
+    spec = out["spec"]
+    for key in ("initContainers", "containers"):
+        if key in spec:
+            spec[key] = [c for c in spec[key] if c["name"] != SIDECAR_CONTAINER]
+    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] != POLICY_VOLUME]
+    for key in (SIDECAR_HASH_ANNOTATION, POLICY_ANNOTATION):
+        out["metadata"]["annotations"].pop(key, None)
+    return out
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_injection_adds_only_the_sidecar_and_removal_undoes_it_exactly(native: bool) -> None:
+    template = broker_template()
+    sidecar = build_sidecar(make_policy(), image=IMAGE, native=native)
+    patch = template_patch(template, sidecar, "7")
+    assert patch is not None and patch["metadata"] == {"resourceVersion": "7"}
+    # The patch names nothing of the broker's own.
+    text = json.dumps(patch)
+    assert "jmx-exporter" not in text and "apache/kafka" not in text and "init-config" not in text
+    injected = apply(template, patch)
+    assert json.dumps(injected["spec"]["containers"][:2]) == json.dumps(template["spec"]["containers"])
+    listed = injected["spec"][sidecar.list_name]
+    assert listed[-1] == sidecar.container
+    assert injected["spec"]["volumes"] == [*template["spec"]["volumes"], sidecar.volume]
+    assert injected["metadata"]["annotations"][SIDECAR_HASH_ANNOTATION] == sidecar.hash
+    assert _without_injection(injected) == template
+    # Idempotent: nothing to do the second time.
+    assert template_patch(injected, sidecar) is None
+    # And the removal restores the template byte for byte.
+    removed = apply(injected, removal_patch(injected, "8"))
+    assert json.dumps(removed, sort_keys=True) == json.dumps(template, sort_keys=True)
+    assert removal_patch(removed) is None
+
+
+def test_removal_leaves_no_empty_lists_or_maps_behind() -> None:
+    template = {"metadata": {"labels": {"app": "kafka"}},
+                "spec": {"containers": [{"name": "kafka", "image": "k"}]}}
+    for native in (True, False):
+        sidecar = build_sidecar(make_policy(), image=IMAGE, native=native)
+        injected = apply(template, template_patch(template, sidecar))
+        patch = removal_patch(injected)
+        assert patch is not None
+        if native:
+            assert patch["spec"]["template"]["spec"]["initContainers"] is None
+        assert patch["spec"]["template"]["spec"]["volumes"] is None
+        assert patch["spec"]["template"]["metadata"]["annotations"] is None
+        assert apply(injected, patch) == template
+
+
+def test_a_changed_sidecar_replaces_the_old_one_whole() -> None:
+    template = broker_template()
+    old = build_sidecar(make_policy(sidecar={"resources": {"limits": {"memory": "1Gi"}}}), image=IMAGE, native=True)
+    injected = apply(template, template_patch(template, old))
+    new = build_sidecar(make_policy(sidecar={"port": 9500}), image=IMAGE, native=True)
+    patch = template_patch(injected, new)
+    assert patch is not None and patch["spec"]["template"]["spec"]["initContainers"][0]["$patch"] == "replace"
+    updated = apply(injected, patch)
+    sidecars = [c for c in updated["spec"]["initContainers"] if c["name"] == SIDECAR_CONTAINER]
+    assert sidecars == [new.container]  # no lingering resources from the old one
+    assert updated["spec"]["containers"] == template["spec"]["containers"]
+    assert _without_injection(updated) == template
+
+
+def test_upgrading_to_native_sidecars_moves_the_container() -> None:
+    template = broker_template()
+    regular = build_sidecar(make_policy(), image=IMAGE, native=False)
+    injected = apply(template, template_patch(template, regular))
+    native = build_sidecar(make_policy(), image=IMAGE, native=True)
+    moved = apply(injected, template_patch(injected, native))
+    assert [c["name"] for c in moved["spec"]["containers"]] == ["kafka", "jmx-exporter"]
+    assert [c["name"] for c in moved["spec"]["initContainers"]] == ["init-config", SIDECAR_CONTAINER]
+    assert _without_injection(moved) == template
+
+
+# -------------------------------------------------------------------------------------------
+# Pods at admission, selectors
+# -------------------------------------------------------------------------------------------
+
+
+def test_inject_into_pod() -> None:
+    pod = {"metadata": {"name": "kafka-0", "labels": {"app": "kafka"}},
+           "spec": copy.deepcopy(broker_template()["spec"])}
+    sidecar = build_sidecar(make_policy(), image=IMAGE, native=True)
+    injected = inject_into_pod(pod, sidecar)
+    assert injected["spec"]["initContainers"][-1] == sidecar.container
+    assert injected["spec"]["containers"] == pod["spec"]["containers"]
+    assert injected["metadata"]["annotations"] == sidecar.annotations
+    assert pod["metadata"].get("annotations") is None  # the input is not modified
+    assert inject_into_pod(injected, sidecar) == injected  # a pod with the sidecar keeps it as it is
+
+
+@pytest.mark.parametrize(("selector", "labels", "expected"), [
+    ({"matchLabels": {"a": "1"}}, {"a": "1", "b": "2"}, True),
+    ({"matchLabels": {"a": "1"}}, {"a": "2"}, False),
+    ({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1", "2"]}]}, {"a": "2"}, True),
+    ({"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]}, {}, True),
+    ({"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]}, {"a": "1"}, False),
+    ({"matchExpressions": [{"key": "a", "operator": "Exists"}]}, {"a": ""}, True),
+    ({"matchExpressions": [{"key": "a", "operator": "DoesNotExist"}]}, {"a": ""}, False),
+    ({"matchLabels": {"strimzi.io/kind": "Kafka"},
+      "matchExpressions": [{"key": "strimzi.io/broker-role", "operator": "In", "values": ["true"]}]},
+     {"strimzi.io/kind": "Kafka", "strimzi.io/broker-role": "true"}, True),
+])
+def test_selectors_agree_with_the_api_servers(selector: dict[str, Any], labels: dict[str, str],
+                                              expected: bool) -> None:
+    assert selector_matches(selector, labels) is expected
+    # The query string the operator sends lists the same pods (fakekube's parser).
+    assert label_selector(label_selector_string(selector))(labels) is expected
+
+
+def test_policy_file_round_trip(tmp_path: pathlib.Path) -> None:
+    from compaction_operator.handlers import policy_file
+    policy = make_policy(topics=[{"match": "orders-.*", "cleanupPolicy": "compact,delete"}])
+    text = policy_file(policy)
+    loaded = parse_policy_text(text)
+    assert loaded == policy and loaded.policy_generation == 3 and loaded.name == "offsets"

@@ -1,0 +1,337 @@
+"""The policy status from the sidecars' reports (compaction_operator.status): aggregation,
+conditions, staleness, bounds; every status built is validated against the CRD's schema."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from compaction_operator.sidecar_schema import SCHEMA
+from compaction_operator.status import (
+    STALE_AFTER,
+    BrokerPod,
+    Outcome,
+    Scrape,
+    build_status,
+    parse_report,
+    status_patch,
+    upsert_condition,
+)
+from operator_samples import REPO, make_policy, make_report
+
+T0 = datetime.datetime(2026, 11, 21, 10, 0, 0, tzinfo=datetime.UTC)
+HASH = "0123456789abcdef"
+Validate = Callable[[dict[str, Any]], None]
+
+
+def at(seconds: float) -> datetime.datetime:
+    return T0 + datetime.timedelta(seconds=seconds)
+
+
+def pods(*names: str, **kwargs: Any) -> list[BrokerPod]:
+    return [BrokerPod(name, ip="10.0.0.1", sidecar_hash=HASH, **kwargs) for name in names]
+
+
+def ok(pod: str, **changes: Any) -> Scrape:
+    scrape = parse_report(json.dumps(make_report(pod, **changes)), pod)
+    assert scrape.error is None, scrape.error
+    return scrape
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    found = [c for c in status["conditions"] if c["type"] == type_]
+    assert len(found) == 1
+    return found[0]
+
+
+def round_(previous: dict[str, Any] | None, scrapes: dict[str, Scrape] | None, *, now: datetime.datetime = T0,
+           names: tuple[str, ...] = ("kafka-0", "kafka-1", "kafka-2"), outcome: Outcome | None = None,
+           generation: int = 3, policy: Any = None, pod_list: list[BrokerPod] | None = None) -> dict[str, Any]:
+    return build_status(policy=policy or make_policy(generation=generation), generation=generation,
+                        previous=previous, outcome=outcome or Outcome(),
+                        pods=pod_list if pod_list is not None else pods(*names), scrapes=scrapes,
+                        sidecar_hash=HASH, now=now)
+
+
+# -------------------------------------------------------------------------------------------
+# The report contract
+# -------------------------------------------------------------------------------------------
+
+
+def test_the_docs_schema_is_the_one_the_operator_uses() -> None:
+    docs = json.loads((REPO / "docs" / "sidecar-status-v1.schema.json").read_text())
+    assert docs == SCHEMA
+
+
+@pytest.mark.parametrize(("raw", "error"), [
+    (b"not json", "not JSON"),
+    (json.dumps({**make_report(), "version": 2}), "version 2"),
+    (json.dumps({k: v for k, v in make_report().items() if k != "cleaner"}), "'cleaner' is a required property"),
+    (json.dumps(make_report(cleaner__state="sleeping")), "cleaner/state"),
+    (json.dumps(make_report(cleaner__maxDirtyRatio=1.5)), "cleaner/maxDirtyRatio"),
+    (json.dumps(make_report(scannedAt="yesterday")), "bad timestamp"),
+    (json.dumps(make_report(scannedAt="2026-11-21T10:00:00")), "without a time zone"),
+    (json.dumps([1, 2]), "<document>"),
+])
+def test_invalid_reports_are_rejected_with_a_reason(raw: str | bytes, error: str) -> None:
+    scrape = parse_report(raw, "kafka-0")
+    assert scrape.report is None and scrape.error is not None and error in scrape.error, scrape.error
+
+
+def test_a_report_may_carry_fields_added_later_in_version_1() -> None:
+    assert parse_report(json.dumps({**make_report(), "future": {"x": 1}}), "kafka-0").error is None
+
+
+# -------------------------------------------------------------------------------------------
+# Aggregation
+# -------------------------------------------------------------------------------------------
+
+
+def test_all_brokers_reporting_is_ready(validate_status: Validate) -> None:
+    scrapes = {"kafka-0": ok("kafka-0"), "kafka-1": ok("kafka-1", cleaner__maxDirtyRatio=0.9),
+               "kafka-2": ok("kafka-2", cleaner__stagedBytes=7)}
+    status = round_(None, scrapes)
+    validate_status(status)
+    assert status["observedGeneration"] == 3 and status["paused"] is False
+    summary = status["summary"]
+    assert summary["brokers"] == "3/3" and summary["brokersReporting"] == summary["brokersExpected"] == 3
+    assert summary["maxDirtyRatio"] == 0.9
+    assert summary["uncleanablePartitions"] == 3
+    assert summary["cleanableBytes"] == 3 * 420
+    assert summary["stagedBytes"] == 50 + 50 + 7
+    assert summary["reportedAt"] == "2026-11-21T10:00:00Z"
+    broker = status["brokers"]["kafka-0"]
+    assert broker == {"reportedAt": "2026-11-21T10:00:00Z", "mode": "observe", "state": "observing",
+                      "partitions": 120, "uncleanablePartitions": 1, "maxDirtyRatio": 0.62,
+                      "maxCompactionDelaySeconds": 12.5, "cleanableBytes": 420, "stagedBytes": 50,
+                      "bytesReclaimedTotal": 1000, "deadThreads": 0, "missedReports": 0,
+                      "scannedAt": "2026-11-21T10:00:00Z", "policyGeneration": 3, "lastRunAt": None,
+                      "message": "orders-3: corrupt batch at offset 17"}
+    assert [(p["broker"], p["topic"], p["partition"]) for p in status["topPartitions"][:3]] == [
+        ("kafka-0", "__consumer_offsets", 7), ("kafka-1", "__consumer_offsets", 7),
+        ("kafka-2", "__consumer_offsets", 7)]
+    assert status["topPartitions"][0]["lastCleanedAt"] == "2026-11-21T09:00:00Z"  # normalised to UTC, Z
+    ready = condition(status, "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "AllBrokersReporting")
+    assert ready["message"] == "3/3 brokers reporting; max dirty ratio 0.90"
+    assert ready["observedGeneration"] == 3
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Ready": "True", "Reconciling": "False", "Stalled": "False", "Degraded": "False"}
+    assert [c["type"] for c in status["conditions"]] == ["Ready", "Reconciling", "Stalled", "Degraded"]
+
+
+def test_top_partitions_are_the_top_n_over_all_brokers() -> None:
+    policy = make_policy(reporting={"topPartitions": 5})
+    scrapes = {f"kafka-{i}": ok(f"kafka-{i}", partitions=30) for i in range(3)}
+    status = round_(None, scrapes, policy=policy)
+    ratios = [p["cleanableRatio"] for p in status["topPartitions"]]
+    assert len(ratios) == 5 and ratios == sorted(ratios, reverse=True)
+    assert ratios[0] == max(p["cleanableRatio"] for s in scrapes.values() for p in s.report["partitions"])
+
+
+def test_a_broker_that_misses_three_rounds_makes_the_policy_degraded(validate_status: Validate) -> None:
+    status = round_(None, {n: ok(n) for n in ("kafka-0", "kafka-1", "kafka-2")})
+    top_of_kafka_2 = [p for p in status["topPartitions"] if p["broker"] == "kafka-2"]
+    for rounds in range(1, STALE_AFTER + 1):
+        scrapes = {"kafka-0": ok("kafka-0"), "kafka-1": ok("kafka-1"),
+                   "kafka-2": Scrape(error="GET http://10.0.0.1:9410/status: connection refused")}
+        status = round_(status, scrapes, now=at(30 * rounds))
+        validate_status(status)
+        entry = status["brokers"]["kafka-2"]
+        assert entry["missedReports"] == rounds and entry["state"] == "unreachable"
+        assert entry["reportedAt"] == "2026-11-21T10:00:00Z"  # the last good report's time is kept
+        assert "connection refused" in entry["message"]
+        degraded = condition(status, "Degraded")
+        if rounds < STALE_AFTER:
+            assert degraded["status"] == "False"
+            assert condition(status, "Ready")["status"] == "True"
+            # Its last partitions stay in the top list until it turns stale.
+            assert [p for p in status["topPartitions"] if p["broker"] == "kafka-2"] == top_of_kafka_2
+            assert status["summary"]["brokers"] == "3/3"
+    assert degraded["status"] == "True" and degraded["reason"] == "BrokersNotReporting"
+    assert degraded["message"].startswith("broker kafka-2 has not reported for 3 intervals (90s)")
+    assert "connection refused" in degraded["message"]
+    ready = condition(status, "Ready")
+    assert ready["status"] == "False" and "kafka-2" in ready["message"]
+    assert condition(status, "Reconciling")["status"] == "False"
+    assert status["summary"]["brokers"] == "2/3"
+    assert not [p for p in status["topPartitions"] if p["broker"] == "kafka-2"]
+    transition = degraded["lastTransitionTime"]
+    assert transition == "2026-11-21T10:01:30Z"
+
+    # Still silent: the condition stays, its transition time too.
+    status = round_(status, {"kafka-0": ok("kafka-0"), "kafka-1": ok("kafka-1"), "kafka-2": Scrape(error="x")},
+                    now=at(120))
+    assert condition(status, "Degraded")["lastTransitionTime"] == transition
+    # It answers again: Ready at once.
+    status = round_(status, {n: ok(n) for n in ("kafka-0", "kafka-1", "kafka-2")}, now=at(150))
+    assert condition(status, "Degraded")["status"] == "False"
+    assert condition(status, "Ready")["status"] == "True"
+    assert status["brokers"]["kafka-2"]["missedReports"] == 0 and "state" in status["brokers"]["kafka-2"]
+
+
+def test_a_pod_that_never_answered_is_awaited_then_degraded(validate_status: Validate) -> None:
+    status = None
+    for rounds in range(1, STALE_AFTER + 1):
+        status = round_(status, {"kafka-0": Scrape(error="pod kafka-0 has no IP address yet")},
+                        names=("kafka-0",), now=at(rounds))
+        validate_status(status)
+        if rounds < STALE_AFTER:
+            assert condition(status, "Reconciling")["reason"] == "AwaitingReports"
+            assert condition(status, "Ready")["status"] == "False"
+    assert condition(status, "Degraded")["status"] == "True"
+    assert "kafka-0" in condition(status, "Degraded")["message"]
+    assert status["brokers"]["kafka-0"] == {"missedReports": 3, "state": "unreachable",
+                                            "message": "pod kafka-0 has no IP address yet"}
+
+
+def test_pods_without_the_sidecar_or_with_an_old_one_are_awaited() -> None:
+    pod_list = [BrokerPod("kafka-0", ip="10.0.0.1", has_sidecar=False),
+                BrokerPod("kafka-1", ip="10.0.0.2", sidecar_hash=HASH)]
+    status = round_(None, {"kafka-1": ok("kafka-1")}, pod_list=pod_list)
+    reconciling = condition(status, "Reconciling")
+    assert (reconciling["status"], reconciling["reason"]) == ("True", "AwaitingRollout")
+    assert reconciling["message"].startswith("kafka-0 does not run the sidecar yet")
+    assert condition(status, "Ready")["status"] == "False"
+    assert status["summary"]["brokers"] == "1/2" and "kafka-0" not in status["brokers"]
+
+    pod_list = [BrokerPod("kafka-0", ip="10.0.0.1", sidecar_hash="old"), BrokerPod("kafka-1", sidecar_hash=HASH)]
+    status = round_(None, {"kafka-0": ok("kafka-0"), "kafka-1": ok("kafka-1")}, pod_list=pod_list)
+    assert condition(status, "Reconciling")["message"].startswith("kafka-0 runs an outdated sidecar")
+
+
+def test_brokers_running_an_older_policy_are_awaited() -> None:
+    status = round_(None, {"kafka-0": ok("kafka-0", policyGeneration=2)}, names=("kafka-0",), generation=3)
+    reconciling = condition(status, "Reconciling")
+    assert (reconciling["status"], reconciling["reason"]) == ("True", "AwaitingPolicy")
+    assert "generation 3" in reconciling["message"]
+    status = round_(status, {"kafka-0": ok("kafka-0", policyGeneration=3)}, names=("kafka-0",), generation=3)
+    assert condition(status, "Ready")["status"] == "True"
+
+
+def test_dead_threads_make_the_policy_degraded() -> None:
+    status = round_(None, {"kafka-0": ok("kafka-0", cleaner__deadThreads=1)}, names=("kafka-0",))
+    degraded = condition(status, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "SidecarErrors")
+    assert "kafka-0: 1 dead cleaner thread(s)" in degraded["message"]
+
+
+def test_paused_reports_truthfully_and_says_so(validate_status: Validate) -> None:
+    scrapes = {"kafka-0": ok("kafka-0", policyGeneration=2)}
+    status = round_(None, scrapes, names=("kafka-0",), outcome=Outcome.paused(), generation=3)
+    validate_status(status)
+    assert status["paused"] is True and status["observedGeneration"] == 3
+    reconciling = condition(status, "Reconciling")
+    assert (reconciling["status"], reconciling["reason"]) == ("False", "Paused")
+    ready = condition(status, "Ready")  # the older generation is expected while paused
+    assert ready["status"] == "True" and ready["message"].endswith("(paused)")
+
+
+def test_stalled_advances_observed_generation(validate_status: Validate) -> None:
+    outcome = Outcome.stalled("InvalidSpec", "spec.topics[0].match: is not a valid Python regular expression")
+    status = build_status(policy=None, generation=5, previous=None, outcome=outcome, pods=None, scrapes=None,
+                          sidecar_hash=None, now=T0)
+    validate_status(status)
+    assert status["observedGeneration"] == 5
+    stalled = condition(status, "Stalled")
+    assert (stalled["status"], stalled["reason"], stalled["observedGeneration"]) == ("True", "InvalidSpec", 5)
+    assert condition(status, "Ready")["status"] == "False"
+    assert condition(status, "Reconciling")["status"] == "False"
+
+
+def test_stalled_keeps_what_the_brokers_last_reported() -> None:
+    before = round_(None, {"kafka-0": ok("kafka-0")}, names=("kafka-0",))
+    outcome = Outcome.stalled("TargetNotFound", "StatefulSet kafka not found")
+    status = build_status(policy=make_policy(), generation=4, previous=before, outcome=outcome, pods=None,
+                          scrapes=None, sidecar_hash=None, now=at(5))
+    assert status["brokers"] == before["brokers"] and status["summary"]["brokersExpected"] == 1
+
+
+def test_no_target_is_ready() -> None:
+    status = build_status(policy=make_policy(target=None), generation=1, previous=None, outcome=Outcome(),
+                          pods=[], scrapes={}, sidecar_hash=None, now=T0)
+    ready = condition(status, "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "NoTarget")
+    assert status["summary"]["brokers"] == "0/0"
+
+
+def test_pods_that_left_are_dropped_and_the_patch_deletes_them() -> None:
+    before = round_(None, {n: ok(n) for n in ("kafka-0", "kafka-1")}, names=("kafka-0", "kafka-1"))
+    after = round_(before, {"kafka-0": ok("kafka-0")}, names=("kafka-0",), now=at(30))
+    assert set(after["brokers"]) == {"kafka-0"}
+    patch = status_patch({**before, "kopf": {"progress": {}}}, after)
+    assert patch is not None
+    assert patch["status"]["brokers"]["kafka-1"] is None
+    assert "kopf" not in patch["status"]
+    assert status_patch(after, after) is None
+
+
+def test_the_patch_removes_fields_a_broker_entry_lost() -> None:
+    before = round_(None, {"kafka-0": ok("kafka-0")}, names=("kafka-0",))
+    after = round_(before, {"kafka-0": Scrape(error="x")}, names=("kafka-0",), now=at(30))
+    after = round_(after, {"kafka-0": ok("kafka-0", errors=[])}, names=("kafka-0",), now=at(60))
+    patch = status_patch(before, after)
+    assert patch is not None and patch["status"]["brokers"]["kafka-0"]["message"] is None
+
+
+# -------------------------------------------------------------------------------------------
+# Conditions
+# -------------------------------------------------------------------------------------------
+
+
+def test_conditions_are_upserted_by_type() -> None:
+    conditions = upsert_condition([], "Ready", True, "A", "a", 1, T0)
+    assert conditions == [{"type": "Ready", "status": "True", "reason": "A", "message": "a",
+                           "observedGeneration": 1, "lastTransitionTime": "2026-11-21T10:00:00Z"}]
+    # Same status, new reason/message/generation: updated in place, transition time kept.
+    conditions = upsert_condition(conditions, "Ready", True, "B", "b", 2, at(60))
+    assert conditions == [{"type": "Ready", "status": "True", "reason": "B", "message": "b",
+                           "observedGeneration": 2, "lastTransitionTime": "2026-11-21T10:00:00Z"}]
+    # A flip moves the transition time.
+    conditions = upsert_condition(conditions, "Ready", False, "C", "c", 2, at(120))
+    assert conditions[0]["lastTransitionTime"] == "2026-11-21T10:02:00Z"
+    # Other types are kept, in a fixed order; duplicates written by someone else disappear.
+    messy = [*conditions, {"type": "Custom", "status": "True", "reason": "X", "message": "",
+                           "lastTransitionTime": "2026-01-01T00:00:00Z"}, dict(conditions[0])]
+    tidy = upsert_condition(messy, "Degraded", False, "Reconciled", "", 2, at(180))
+    assert [c["type"] for c in tidy] == ["Ready", "Degraded", "Custom"]
+
+
+def test_long_messages_are_cut_to_the_schema_bound() -> None:
+    conditions = upsert_condition([], "Ready", False, "A", "x" * 40000, 1, T0)
+    assert len(conditions[0]["message"]) == 32768
+
+
+# -------------------------------------------------------------------------------------------
+# Bounds
+# -------------------------------------------------------------------------------------------
+
+
+def test_the_status_of_100_brokers_stays_under_256_kib(validate_status: Validate, tmp_path: pathlib.Path) -> None:
+    names = tuple(f"kafka-cluster-with-a-long-name-broker-{i}" for i in range(100))
+    long_error = [{"at": "2026-11-21T09:59:00Z", "logDir": "/var/lib/kafka/data-0/kafka-log" + "x" * 200,
+                   "partition": "t" * 249 + "-1", "message": "m" * 3000}] * 20
+    policy = make_policy(reporting={"topPartitions": 200})
+    scrapes = {n: ok(n, partitions=300, errors=long_error) for n in names}
+    status = round_(None, scrapes, names=names, policy=policy)
+    validate_status(status)
+    size = len(json.dumps(status, separators=(",", ":")))
+    assert len(status["topPartitions"]) == 200 and len(status["brokers"]) == 100
+    assert size < 256 * 1024, size
+    # Also after all of them went silent long enough to be named in the conditions.
+    for rounds in range(STALE_AFTER):
+        status = round_(status, dict.fromkeys(names, Scrape(error="e" * 5000)), names=names, policy=policy,
+                        now=at(rounds))
+    validate_status(status)
+    assert len(json.dumps(status, separators=(",", ":"))) < 256 * 1024
+    assert "and 90 more" in condition(status, "Degraded")["message"]
+
+
+def test_at_most_1000_brokers() -> None:
+    names = tuple(f"b-{i:04d}" for i in range(1100))
+    status = round_(None, {}, names=names)
+    assert len(status["brokers"]) == 1000
