@@ -101,6 +101,12 @@ class LogCleaningAbortedError(KafkaCleanerError):
     """The clean of a partition was aborted (truncation, pause, shutdown); nothing was changed."""
 
 
+class SwapIncompleteError(KafkaCleanerError):
+    """A segment swap failed *after* its commit point: the cleaned segments are in place on
+    disk (a broker's start-up, or opening the log again, completes the swap); nothing may
+    delete them."""
+
+
 class ThreadShutdownError(KafkaCleanerError):
     """Raised inside a cleaner thread when the pool is shutting down."""
 

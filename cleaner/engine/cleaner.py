@@ -31,21 +31,29 @@ data:
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from cleaner.clock import Time
-from cleaner.errors import CorruptRecordError, LogCleaningAbortedError
-from cleaner.records.batch import TimestampType
+from cleaner.errors import (
+    CorruptRecordError,
+    LogCleaningAbortedError,
+    LogSegmentOffsetOverflowError,
+    SwapIncompleteError,
+)
+from cleaner.records.batch import INT32_MAX, TimestampType
 from cleaner.records.builder import build_batch, build_empty_batch, rebuild_batches
 from cleaner.records.columns import RecordColumns, decode_records
 from cleaner.records.control import ControlRecordType
 from cleaner.records.record import Record
 from cleaner.records.scan import Batches, scan_batches
-from cleaner.storage.log import Log
+from cleaner.storage.log import Log, cleaned_segment
 from cleaner.storage.producer_state import ActiveProducer
 from cleaner.storage.segment import LogSegment
 from cleaner.storage.topic_partition import TopicPartition
@@ -66,6 +74,17 @@ stays bounded by configuration: one such buffer per thread. Kafka's growth rules
 
 
 Commit = Callable[[LogSegment, list[LogSegment], int], None]
+
+
+class OffsetLookup(Protocol):
+    """What the rewrite asks of an offset map: the round's latest offset and the mapped
+    offset of each key (-1 if absent). ``OffsetMap`` in one process; a keep-list built by
+    a distributed aggregation in the Spark job."""
+
+    @property
+    def latest_offset(self) -> int: ...
+
+    def get_many(self, digests: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass
@@ -89,6 +108,38 @@ class LogToClean:
     @property
     def cleanable_ratio(self) -> float:
         return self.cleanable_bytes / self.total_bytes if self.total_bytes else 0.0
+
+
+@dataclass
+class Round:
+    """What every group of a round shares."""
+
+    ltc: LogToClean
+    now: int
+    end_offset: int
+    legacy_delete_horizon_ms: int
+    generation: int
+    lookup: OffsetLookup
+    stats: CleanerStats
+    commit: Commit | None = None
+    cleaned_dir: Path | None = None
+    """Where ``.cleaned`` segments are written (default: the partition directory)."""
+
+
+def legacy_delete_horizon(ltc: LogToClean) -> int:
+    """The mtime-based horizon for v0/v1 tombstones (§9.5): the clean tail's last segment's
+    mtime minus ``delete.retention.ms``, or 0 without a clean tail."""
+    tail = [s for s in ltc.log.segments if s.base_offset < ltc.first_dirty_offset]
+    return tail[-1].last_modified_ms - ltc.delete_retention_ms if tail else 0
+
+
+def plan_groups(ltc: LogToClean, end_offset: int) -> list[list[LogSegment]]:
+    """The segment groups a round ending at ``end_offset`` rewrites (§9.3)."""
+    the_log = ltc.log
+    segments = [s for s in the_log.segments if s.base_offset < end_offset]
+    return group_segments_by_size(
+        segments, the_log.config.segment_bytes, the_log.config.segment_index_bytes, ltc.first_uncleanable_offset
+    )
 
 
 class Cleaner:
@@ -129,25 +180,34 @@ class Cleaner:
             return ltc.first_dirty_offset, stats
         generation = the_log.generation
         log.info("Cleaner %d: Beginning cleaning of log %s", self.id, the_log.name)
-        tail = [s for s in the_log.segments if s.base_offset < ltc.first_dirty_offset]
-        legacy_delete_horizon_ms = tail[-1].last_modified_ms - ltc.delete_retention_ms if tail else 0
+        legacy_delete_horizon_ms = legacy_delete_horizon(ltc)
         log.info("Cleaner %d: Building offset map for %s...", self.id, the_log.name)
         self.build_offset_map(ltc, stats)
         end_offset = self.offset_map.latest_offset + 1
         stats.index_done()
-        segments = [s for s in the_log.segments if s.base_offset < end_offset]
-        groups = group_segments_by_size(
-            segments,
-            the_log.config.segment_bytes,
-            the_log.config.segment_index_bytes,
-            ltc.first_uncleanable_offset,
-        )
+        rnd = Round(ltc, now, end_offset, legacy_delete_horizon_ms, generation, self.offset_map, stats, commit)
         transactions = CleanedTransactionMetadata()
-        for group in groups:
-            self.clean_segments(ltc, group, now, stats, transactions, legacy_delete_horizon_ms, generation, commit)
+        for group in plan_groups(ltc, end_offset):
+            self.clean_segments(rnd, group, transactions)
         stats.buffer_utilization = self.offset_map.utilization
         stats.all_done()
         return end_offset, stats
+
+    def transaction_states(self, ltc: LogToClean, groups: list[list[LogSegment]]) -> list[CleanedTransactionMetadata]:
+        """The transaction state at the start of each group, as the sequential rewrite
+        would have it, from a header-only replay: lets groups be rewritten independently
+        (the Spark job) with exactly the decisions of one sequential round."""
+        the_log = ltc.log
+        state = CleanedTransactionMetadata()
+        out = []
+        for group in groups:
+            out.append(copy.deepcopy(state))
+            for i, segment in enumerate(group):
+                upper = group[i + 1].base_offset if i + 1 < len(group) else segment.read_next_offset()
+                state.add_aborted_transactions(the_log.collect_aborted_transactions(segment.base_offset, upper))
+                for chunk in self._chunks(segment, 0, the_log.config.max_message_bytes):
+                    _run_transactions(chunk, _control_types(chunk), state)
+        return out
 
     # -- reading with Kafka's buffer rules ---------------------------------------------------
     def _chunks(self, segment: LogSegment, position: int, max_message_bytes: int) -> Iterator[Batches]:
@@ -283,26 +343,22 @@ class Cleaner:
         return True
 
     # -- phase 2: rewriting ----------------------------------------------------------------
-    def clean_segments(
-        self,
-        ltc: LogToClean,
-        group: list[LogSegment],
-        now: int,
-        stats: CleanerStats,
-        transactions: CleanedTransactionMetadata,
-        legacy_delete_horizon_ms: int,
-        generation: int,
-        commit: Commit | None = None,
-    ) -> None:
+    def clean_segments(self, rnd: Round, group: list[LogSegment], transactions: CleanedTransactionMetadata) -> None:
+        """Rewrite one group into one ``.cleaned`` segment and commit it."""
+        ltc = rnd.ltc
         the_log = ltc.log
-        cleaned = the_log.new_cleaned_segment(group[0].base_offset)
+        source_bytes = sum(s.size for s in group)
+        if rnd.cleaned_dir is None:
+            cleaned = the_log.new_cleaned_segment(group[0].base_offset, source_bytes=source_bytes)
+        else:
+            cleaned = cleaned_segment(rnd.cleaned_dir, group[0].base_offset, the_log.config, source_bytes)
         transactions.cleaned_index = cleaned.txn_index
         group_end = _group_next_offset(group)
         try:
             for i, segment in enumerate(group):
                 upper = group[i + 1].base_offset if i + 1 < len(group) else segment.read_next_offset()
                 transactions.add_aborted_transactions(the_log.collect_aborted_transactions(segment.base_offset, upper))
-                retain_legacy_deletes = segment.last_modified_ms > legacy_delete_horizon_ms
+                retain_legacy_deletes = segment.last_modified_ms > rnd.legacy_delete_horizon_ms
                 log.info(
                     "Cleaner %d: Cleaning %s in log %s into %d, %s deletes.",
                     self.id,
@@ -311,7 +367,18 @@ class Cleaner:
                     cleaned.base_offset,
                     "retaining" if retain_legacy_deletes else "discarding",
                 )
-                self._clean_into(ltc, segment, cleaned, now, stats, transactions, retain_legacy_deletes, group_end)
+                try:
+                    self._clean_into(rnd, segment, cleaned, transactions, retain_legacy_deletes, group_end)
+                except LogSegmentOffsetOverflowError:
+                    # §9.9: a source segment whose own offsets overflow (written by an old
+                    # broker) is split, and the round is retried on the split segments.
+                    if segment.read_next_offset() - 1 - segment.base_offset <= INT32_MAX or rnd.commit is not None:
+                        raise
+                    log.info("Cleaner %d: splitting overflowed segment %s of %s", self.id, segment, the_log.name)
+                    the_log.split_overflowed_segment(segment)
+                    raise LogCleaningAbortedError(
+                        f"{the_log.name}: split overflowed segment {segment.base_offset}"
+                    ) from None
             cleaned.on_become_inactive()
             cleaned.flush()
             cleaned.set_last_modified(group[-1].last_modified_ms)
@@ -323,50 +390,51 @@ class Cleaner:
                 [s.base_offset for s in group],
                 the_log.name,
             )
-            if commit is None:
-                the_log.replace_segments([cleaned], group, expected_generation=generation)
+            if rnd.commit is None:
+                the_log.replace_segments([cleaned], group, expected_generation=rnd.generation)
             else:
-                commit(cleaned, group, generation)
-            stats.segments_written += 1
-            stats.groups.append(len(group))
+                rnd.commit(cleaned, group, rnd.generation)
+            rnd.stats.segments_written += 1
+            rnd.stats.groups.append(len(group))
+        except SwapIncompleteError:
+            raise  # committed: the cleaned segment is the log now
         except BaseException:
-            # An abort, a shutdown, a full disk: nothing of this group may stay behind.
-            cleaned.delete_files()
+            # An abort, a shutdown, a full disk before the commit point: nothing of this
+            # group may stay behind.
+            cleaned.discard_uncommitted()
             raise
 
     def _clean_into(
         self,
-        ltc: LogToClean,
+        rnd: Round,
         source: LogSegment,
         cleaned: LogSegment,
-        now: int,
-        stats: CleanerStats,
         transactions: CleanedTransactionMetadata,
         retain_legacy_deletes: bool,
         group_end: int,
     ) -> None:
+        ltc = rnd.ltc
         for chunk in self._chunks(source, 0, ltc.log.config.max_message_bytes):
             self.check_done(ltc.topic_partition)
-            output = self._filter_chunk(ltc, chunk, now, stats, transactions, retain_legacy_deletes, group_end)
-            stats.bytes_read += int(chunk.sizes.sum())
+            output = self._filter_chunk(rnd, chunk, transactions, retain_legacy_deletes, group_end)
+            rnd.stats.bytes_read += int(chunk.sizes.sum())
             if output:
                 data = b"".join(output)
                 result = scan_batches(data)
                 cleaned.append(data, result.batches)
-                stats.bytes_written += len(data)
+                rnd.stats.bytes_written += len(data)
                 self.throttler.maybe_throttle(len(data))
 
     def _filter_chunk(
         self,
-        ltc: LogToClean,
+        rnd: Round,
         chunk: Batches,
-        now: int,
-        stats: CleanerStats,
         transactions: CleanedTransactionMetadata,
         retain_legacy_deletes: bool,
         group_end: int,
     ) -> list[bytes | memoryview]:
         """Kafka's ``MemoryRecords.filterTo`` with the cleaner's filter, for a whole chunk."""
+        ltc, now, stats, lookup = rnd.ltc, rnd.now, rnd.stats, rnd.lookup
         n = len(chunk)
         v2_rows = np.flatnonzero(chunk.is_v2)
         columns = decode_records(chunk.select(v2_rows)) if v2_rows.size else None
@@ -390,7 +458,7 @@ class Cleaner:
         keep_rows = None
         if columns is not None and len(columns):
             row_batch = v2_rows[columns.batch]
-            keep_rows, invalid = self._retained_rows(columns, row_batch, is_control, has_horizon, horizon, now)
+            keep_rows, invalid = _retained_rows(lookup, columns, row_batch, is_control, has_horizon, horizon, now)
             keep_rows &= ~discard_records[row_batch]
             counted = ~delete[row_batch]
             stats.messages_read += int(counted.sum())
@@ -405,7 +473,7 @@ class Cleaner:
                 continue
             records = entry.records()
             stats.messages_read += len(records)
-            kept = self._retained_legacy(records, retain_legacy_deletes, stats)
+            kept = _retained_legacy(lookup, records, retain_legacy_deletes, stats)
             legacy_kept[i] = kept
             kept_count[i] = len(kept)
             tombstone_kept[i] = any(r.value is None for r in kept)
@@ -490,49 +558,53 @@ class Cleaner:
                 out[i] = _legacy_as_v2(chunk, i, kept, new_horizon if need_horizon[i] else None)
         return out
 
-    def _retained_rows(
-        self,
-        columns: RecordColumns,
-        row_batch: np.ndarray,
-        is_control: np.ndarray,
-        has_horizon: np.ndarray,
-        horizon: np.ndarray,
-        now: int,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Which records survive (before batch-level discards), and which are invalid
-        (keyless records the map covers, which Kafka drops and counts)."""
-        offsets = columns.offsets
-        past = offsets > self.offset_map.latest_offset
-        control_row = is_control[row_batch]
-        keyed = columns.has_key
-        lookup = np.flatnonzero(~past & keyed & ~control_row)
-        keep = past | control_row
-        if lookup.size:
-            starts, ends = columns.key_spans(lookup)
-            found = self.offset_map.get_many(digest_keys(columns.data, starts, ends))
-            is_latest = offsets[lookup] >= found
-            b = row_batch[lookup]
-            keep_deletes = ~has_horizon[b] | (now < horizon[b])
-            keep[lookup] = is_latest & ((columns.value_length[lookup] >= 0) | keep_deletes)
-        invalid = ~past & ~keyed & ~control_row
-        return keep, invalid
 
-    def _retained_legacy(self, records: list[Record], retain_legacy_deletes: bool, stats: CleanerStats) -> list[Record]:
-        omap = self.offset_map
-        kept = []
-        keyed = [r for r in records if r.key is not None and r.offset <= omap.latest_offset]
-        found = {}
-        if keyed:
-            looked_up = omap.get_many(_digests_of([r.key for r in keyed])).tolist()
-            found = {r.offset: o for r, o in zip(keyed, looked_up, strict=True)}
-        for r in records:
-            if r.offset > omap.latest_offset:
-                kept.append(r)
-            elif r.key is None:
-                stats.invalid_messages_read += 1
-            elif r.offset >= found[r.offset] and (r.value is not None or retain_legacy_deletes):
-                kept.append(r)
-        return kept
+def _retained_rows(
+    lookup: OffsetLookup,
+    columns: RecordColumns,
+    row_batch: np.ndarray,
+    is_control: np.ndarray,
+    has_horizon: np.ndarray,
+    horizon: np.ndarray,
+    now: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Which records survive (before batch-level discards), and which are invalid
+    (keyless records the map covers, which Kafka drops and counts)."""
+    offsets = columns.offsets
+    past = offsets > lookup.latest_offset
+    control_row = is_control[row_batch]
+    keyed = columns.has_key
+    rows = np.flatnonzero(~past & keyed & ~control_row)
+    keep = past | control_row
+    if rows.size:
+        starts, ends = columns.key_spans(rows)
+        found = lookup.get_many(digest_keys(columns.data, starts, ends))
+        is_latest = offsets[rows] >= found
+        b = row_batch[rows]
+        keep_deletes = ~has_horizon[b] | (now < horizon[b])
+        keep[rows] = is_latest & ((columns.value_length[rows] >= 0) | keep_deletes)
+    invalid = ~past & ~keyed & ~control_row
+    return keep, invalid
+
+
+def _retained_legacy(
+    lookup: OffsetLookup, records: list[Record], retain_legacy_deletes: bool, stats: CleanerStats
+) -> list[Record]:
+    omap = lookup
+    kept = []
+    keyed = [r for r in records if r.key is not None and r.offset <= omap.latest_offset]
+    found = {}
+    if keyed:
+        looked_up = omap.get_many(_digests_of([r.key for r in keyed])).tolist()
+        found = {r.offset: o for r, o in zip(keyed, looked_up, strict=True)}
+    for r in records:
+        if r.offset > omap.latest_offset:
+            kept.append(r)
+        elif r.key is None:
+            stats.invalid_messages_read += 1
+        elif r.offset >= found[r.offset] and (r.value is not None or retain_legacy_deletes):
+            kept.append(r)
+    return kept
 
 
 # -- helpers that follow Kafka's per-batch rules ------------------------------------------

@@ -167,7 +167,7 @@ class LogCleanerManager:
                         continue
                     seen.add(tp)
                     managed = self._logs.get(tp)
-                    if managed is None or managed.rule != rule:
+                    if managed is None or managed.rule != rule or managed.log.needs_reopen:
                         the_log = log_dir.open_log(tp, log_config_for(rule), log_start_offset=starts.get(tp))
                         self._logs[tp] = ManagedLog(log_dir, tp, the_log, rule)
             for tp in [tp for tp in self._logs if tp not in seen]:
@@ -510,12 +510,17 @@ class LogCleanerManager:
                 raise LogCleaningAbortedError(f"cleaning of {tp} was aborted")
 
     def done_cleaning(self, tp: TopicPartition, log_dir: LogDirectory, end_offset: int) -> None:
+        """Kafka's ``doneCleaning``: write the checkpoint and leave the in-progress state.
+        The state is left even if the checkpoint write fails (the error still surfaces,
+        and marks the partition uncleanable): a stuck state would stop the cleaner."""
         with self._cond:
             s = self._in_progress.get(tp)
             if s is not None and s.kind is CleaningState.IN_PROGRESS:
-                self.update_checkpoints(log_dir, update=(tp, end_offset))
-                self.last_clean_end[tp] = end_offset
-                del self._in_progress[tp]
+                try:
+                    self.update_checkpoints(log_dir, update=(tp, end_offset))
+                    self.last_clean_end[tp] = end_offset
+                finally:
+                    del self._in_progress[tp]
             elif s is not None and s.kind is CleaningState.ABORTED:
                 self._in_progress[tp] = _State(CleaningState.PAUSED, 1)
                 self._cond.notify_all()

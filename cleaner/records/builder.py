@@ -92,8 +92,11 @@ def assemble_batch(
 ) -> bytes:
     """Header + (compressed) records section, with the CRC-32C over attributes..end."""
     codec = attributes & Attributes.COMPRESSION_MASK
-    # A compressed batch always carries a compressed stream, even of no records: readers
-    # that decompress before counting would reject an empty section.
+    if records_count == 0:
+        # A batch without records has nothing to compress; like Kafka's empty headers it
+        # says so (some readers decompress before they count, and would choke).
+        attributes &= ~Attributes.COMPRESSION_MASK
+        codec = CompressionType.NONE
     section = compress(codec, records) if codec != CompressionType.NONE else bytes(records)
     length = RECORD_BATCH_OVERHEAD - LOG_OVERHEAD + len(section)
     header = bytearray(

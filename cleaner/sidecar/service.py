@@ -15,14 +15,17 @@ milliseconds with a ``MockTime``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from time import monotonic
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -35,13 +38,13 @@ from cleaner.engine.log_cleaner import CleanResult, LogCleaner
 from cleaner.engine.manager import LogCleanerManager, ManagedLog
 from cleaner.engine.offset_map import OffsetMap
 from cleaner.engine.throttler import Throttler
-from cleaner.errors import KafkaCleanerError, LogDirLockedError
-from cleaner.segment_facts import FactsCache
+from cleaner.errors import KafkaCleanerError, LogDirLockedError, ThreadShutdownError
 from cleaner.storage.lock import LogDirLock
 from cleaner.storage.log_dir import LogDirectory
 from cleaner.storage.topic_partition import TopicPartition
 
 from . import stage
+from .facts import ScanFactsCache
 from .logdirs import expand_log_dirs
 from .metrics import CleanerGauges, SidecarMetrics
 from .policy_watch import PolicyWatcher
@@ -50,6 +53,34 @@ from .report import LogDirInfo, ScanSnapshot, build_status, rfc3339
 log = logging.getLogger("cleaner.sidecar")
 
 POLICY_POLL_MS = 2_000
+
+
+class StoppableTime:
+    """The clock given to throttled work (cleaner threads, staging, scans): a throttle's
+    sleep ends as soon as one of ``events`` is set, so SIGTERM, a pause or a mode switch
+    never waits for it (``Throttler`` sleeps in one piece, up to seconds at a low
+    ``maxIoBytesPerSecond``). Everything else is the wrapped clock."""
+
+    SLICE_MS = 100
+
+    def __init__(self, time: Time, *events: threading.Event) -> None:
+        self._time = time
+        self._events = events
+
+    def milliseconds(self) -> int:
+        return self._time.milliseconds()
+
+    def nanoseconds(self) -> int:
+        return self._time.nanoseconds()
+
+    def sleep(self, ms: float) -> None:
+        while ms > 0 and not any(e.is_set() for e in self._events):
+            step = min(ms, self.SLICE_MS)
+            self._time.sleep(step)
+            ms -= step
+
+    def wait(self, event: threading.Event, timeout_ms: float) -> bool:
+        return self._time.wait(event, timeout_ms)
 
 
 @dataclass
@@ -88,7 +119,7 @@ class Sidecar:
         self.watcher = PolicyWatcher(options.policy_path)
         self.policy: Policy | None = None
         self.log_dirs: list[Path] = []
-        self.facts = FactsCache()
+        self.facts = ScanFactsCache()
         self.errors: deque[_Error] = deque(maxlen=20)
         self.snapshot: ScanSnapshot | None = None
         self.state = _State()
@@ -99,6 +130,7 @@ class Sidecar:
         self._observer_dirs: list[Path] = []
         self._next_scan_ms = 0
         self._next_policy_poll_ms = 0
+        self._suspects: dict[tuple[str, TopicPartition], str] = {}
         self._controller: _Controller | None = None
         self._loop_alive = True
         self.metrics = SidecarMetrics(
@@ -122,11 +154,13 @@ class Sidecar:
         if dirs != self.log_dirs:
             self.log_dirs = dirs
             self._observer = None
-        if self.policy.paused:
-            self.state.state = "paused"
-        elif self._controller is not None:
+        if self._controller is not None:
             try:
-                self._controller.step(now)
+                if self.policy.paused:
+                    self.state.state = "paused"
+                    self._controller.pause(now)
+                else:
+                    self._controller.step(now)
             except Exception as e:
                 log.exception("mode %s failed", self.policy.mode)
                 self._error(None, None, f"{self.policy.mode} mode: {type(e).__name__}: {e}")
@@ -158,7 +192,7 @@ class Sidecar:
 
     def _switch_mode(self, policy: Policy) -> None:
         if self._controller is not None:
-            self._controller.stop()
+            self._controller.stop(leaving_mode=True)
         controllers = {Mode.OBSERVE: _Controller, Mode.COMPACT: _CompactController, Mode.STAGE: _StageController}
         self._controller = controllers[Mode(policy.mode)](self)
         self.state.state = "observing"
@@ -177,26 +211,32 @@ class Sidecar:
             )
             self._observer_dirs = scan_dirs
         observer = self._observer
-        throttler = Throttler(policy.cleaner.max_io_bytes_per_second, self.time)
+        throttler = Throttler(policy.cleaner.max_io_bytes_per_second, StoppableTime(self.time, self.stopping))
+
+        def throttle(n: int) -> None:
+            # A long (or throttled) scan must not hold up SIGTERM: stop reading at once.
+            if self.stopping.is_set():
+                raise ThreadShutdownError("the sidecar is stopping")
+            throttler.maybe_throttle(n)
+
         before = self.facts.bytes_read
+        self.facts.start_scan()
         try:
-            observer.refresh()
+            self._refresh_observed(observer)
             statuses = cleaning.status(
                 scan_dirs,
                 policy,
                 self.time,
                 facts_cache=self.facts,
                 manager=observer,
-                throttle=throttler.maybe_throttle,
+                throttle=throttle,
             )
         except (KafkaCleanerError, OSError) as e:
             self._error(None, None, f"scan failed: {e}")
             statuses = []
         self.facts.forget_missing()
         self.metrics.scan_bytes_read.inc(self.facts.bytes_read - before)
-        for s in statuses:
-            if s.report.reason == "uncleanable" and s.report.uncleanable_reason:
-                self._error(s.report.log_dir, str(s.report.topic_partition), s.report.uncleanable_reason, dedupe=True)
+        statuses = self._settle_failures(statuses)
         previous = {s.report.topic_partition: s for s in (self.snapshot.statuses if self.snapshot else [])}
         for d in busy:  # a dir being cleaned keeps its previous picture until the pass ends
             statuses += [s for tp, s in previous.items() if s.report.log_dir == str(d)]
@@ -210,6 +250,56 @@ class Sidecar:
             self.snapshot = snapshot
             self.ready = True
         return snapshot
+
+    def _refresh_observed(self, observer: LogCleanerManager) -> None:
+        """Look again at every observed log. Partitions that went away (topic deletion, a
+        reassignment to another broker, a dir removed by hand) are forgotten first, and a
+        partition that cannot be refreshed is reported alone: neither may stop the scan of
+        the others (``LogCleanerManager.refresh`` would raise for the whole set)."""
+        for tp, managed in observer.logs().items():
+            try:
+                managed.log.refresh()
+            except FileNotFoundError:
+                pass  # gone, or changing under our eyes: the next scan sees which
+            except (KafkaCleanerError, OSError) as e:
+                self._error(str(managed.log_dir), str(tp), f"cannot refresh: {e}", dedupe=True)
+
+    def _settle_failures(self, statuses: list[cleaning.PartitionStatus]) -> list[cleaning.PartitionStatus]:
+        """Partitions a compact pass marked uncleanable, and those whose look failed in this
+        scan (unreadable segments, a report that raised), are reported as uncleanable
+        (Kafka's ``uncleanable-partitions``) and in ``errors``.
+
+        The broker changes the files while a scan reads them (retention renames a segment
+        away, a truncation shortens one), so a failed look is a *suspect* first: it is
+        reported once the next scan fails too, and meanwhile the partition keeps its
+        previous picture. A partition seen for the first time is reported at once (there
+        is no better picture to show)."""
+        marked = self._controller.uncleanable() if self._controller is not None else {}
+        previous = {
+            (s.report.log_dir, s.report.topic_partition): s for s in (self.snapshot.statuses if self.snapshot else [])
+        }
+        suspects: dict[tuple[str, TopicPartition], str] = {}
+        out = []
+        for s in statuses:
+            r = s.report
+            key = (r.log_dir, r.topic_partition)
+            why = marked.get(key)
+            if why is None:
+                why = self.facts.failures.get(Path(r.log_dir) / r.topic_partition.dir_name)
+                if why is None and r.reason == "uncleanable":
+                    why = r.uncleanable_reason
+                if why is not None:
+                    suspects[key] = why
+                    if key not in self._suspects and key in previous:
+                        out.append(previous[key])
+                        continue
+            if why is not None:
+                if r.compacted:
+                    r.reason, r.uncleanable_reason, r.eligible = "uncleanable", why, False
+                self._error(r.log_dir, str(r.topic_partition), why, dedupe=True)
+            out.append(s)
+        self._suspects = suspects
+        return out
 
     def _log_dir_infos(self, statuses: list, observer: LogCleanerManager) -> list[LogDirInfo]:
         infos = []
@@ -381,11 +471,19 @@ class _Controller:
     def step(self, now: int) -> None:
         self.sidecar.state.state = "observing"
 
+    def pause(self, now: int) -> None:
+        """``spec.paused``: no cleaning, but whatever safety needs goes on."""
+
     def reconfigure(self, policy: Policy, *, cleaner_changed: bool) -> None:
         pass
 
-    def stop(self) -> None:
-        pass
+    def stop(self, *, leaving_mode: bool = False) -> None:
+        """``leaving_mode``: the policy switched to another mode (the process goes on);
+        otherwise the sidecar is shutting down."""
+
+    def uncleanable(self) -> dict[tuple[str, TopicPartition], str]:
+        """Partitions this mode's work marked uncleanable: (log dir, partition) -> why."""
+        return {}
 
     def busy_dirs(self) -> set[Path]:
         return set()
@@ -410,6 +508,12 @@ class _CompactController(_Controller):
         self.manager: LogCleanerManager | None = None
         self._next_attempt_ms = 0
         self._dead_threads = 0
+        self._abort = threading.Event()
+        """Set when the pass must end: a throttled thread stops sleeping."""
+        self._marks: dict[tuple[str, TopicPartition], tuple[int, str]] = {}
+        """Uncleanable partitions, kept from pass to pass as Kafka keeps them for the life
+        of the process (each pass has a new manager): (log dir, partition) -> (inode of the
+        partition dir, why). A partition dir that was deleted and re-created is a new log."""
 
     def step(self, now: int) -> None:
         sc = self.sidecar
@@ -433,10 +537,15 @@ class _CompactController(_Controller):
         if self.locks:
             dirs = [LogDirectory(d) for d in self.locks]
             self.manager = LogCleanerManager(dirs, sc.policy, sc.time)
+            by_path = {str(d): d for d in dirs}
+            for (log_dir, tp), why in self.uncleanable().items():
+                if log_dir in by_path:
+                    self.manager.mark_partition_uncleanable(by_path[log_dir], tp, why)
+            self._abort = threading.Event()
             self.pool = LogCleaner(
                 self.manager,
                 sc.policy.cleaner,
-                sc.time,
+                StoppableTime(sc.time, self._abort, sc.stopping),
                 exit_when_idle=True,
                 on_cleaned=sc.record_clean,
                 on_uncleanable=self._uncleanable,
@@ -451,18 +560,30 @@ class _CompactController(_Controller):
             sc.state.state = "cleaning"
 
     def _uncleanable(self, managed: ManagedLog, cause: BaseException) -> None:
+        why = f"{type(cause).__name__}: {cause}"
         self.sidecar.metrics.record_failure()
-        self.sidecar._error(str(managed.log_dir), str(managed.topic_partition), f"{type(cause).__name__}: {cause}")
+        self.sidecar._error(str(managed.log_dir), str(managed.topic_partition), why, dedupe=True)
+        with contextlib.suppress(OSError):
+            self._marks[(str(managed.log_dir), managed.topic_partition)] = (os.stat(managed.log.dir).st_ino, why)
+
+    def uncleanable(self) -> dict[tuple[str, TopicPartition], str]:
+        out = {}
+        for (log_dir, tp), (inode, why) in list(self._marks.items()):
+            try:
+                same = os.stat(Path(log_dir) / tp.dir_name).st_ino == inode
+            except OSError:
+                same = False
+            if same:
+                out[(log_dir, tp)] = why
+            else:
+                self._marks.pop((log_dir, tp), None)
+        return out
 
     def _finish_pass(self) -> None:
         sc = self.sidecar
         assert self.pool is not None
         self._dead_threads = self.pool.dead_thread_count
-        self.pool.shutdown()
-        self.pool = None
-        for lock in self.locks.values():
-            lock.release()
-        self.locks = {}
+        self._stop_pool()
         assert sc.policy is not None
         self._next_attempt_ms = sc.time.milliseconds() + sc.policy.cleaner.backoff_ms
         sc.state.state = "observing"
@@ -472,13 +593,30 @@ class _CompactController(_Controller):
         if cleaner_changed and self.pool is not None:
             self.pool.reconfigure(policy.cleaner)
 
-    def stop(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(timeout=8.0)
-            self.pool = None
+    def _stop_pool(self, timeout_s: float | None = None) -> None:
+        """Stop the pass's threads (in-flight cleans abort at their next check and delete
+        their ``.cleaned`` files) and release the locks. One deadline for all threads:
+        SIGTERM must end the process within 10 s whatever ``cleaner.threads`` is."""
+        pool, self.pool = self.pool, None
+        self._abort.set()
+        if pool is not None:
+            for t in pool.threads:
+                t.initiate_shutdown()
+            deadline = None if timeout_s is None else monotonic() + timeout_s
+            for t in pool.threads:
+                t.join(None if deadline is None else max(deadline - monotonic(), 0.0))
         for lock in self.locks.values():
             lock.release()
         self.locks = {}
+
+    def pause(self, now: int) -> None:
+        # A paused sidecar must not keep the broker out of its log dirs.
+        if self.pool is not None or self.locks:
+            self._stop_pool()
+            self.sidecar._next_scan_ms = 0
+
+    def stop(self, *, leaving_mode: bool = False) -> None:
+        self._stop_pool(timeout_s=8.0)
 
     def busy_dirs(self) -> set[Path]:
         return set(self.locks) if self.pool is not None else set()
@@ -513,8 +651,9 @@ class _StageController(_Controller):
         return LogCleanerManager(dirs, sc.policy, sc.time, write_checkpoints=False)
 
     def _check_done(self, tp: TopicPartition) -> None:
-        if self._stop.is_set():
-            raise KafkaCleanerError("the sidecar is stopping")
+        # Staging runs inside ``tick``: SIGTERM (``stopping``) must abort it, not wait for it.
+        if self._stop.is_set() or self.sidecar.stopping.is_set():
+            raise ThreadShutdownError("the sidecar is stopping")
 
     def step(self, now: int) -> None:
         sc = self.sidecar
@@ -530,7 +669,7 @@ class _StageController(_Controller):
                 OffsetMap(cfg.dedupe_buffer_per_thread, cfg.dedupe_buffer_load_factor),
                 cfg.io_buffer_per_thread // 2,
                 1048588,
-                Throttler(cfg.max_io_bytes_per_second, sc.time),
+                Throttler(cfg.max_io_bytes_per_second, StoppableTime(sc.time, self._stop, sc.stopping)),
                 sc.time,
                 self._check_done,
             )
@@ -569,6 +708,8 @@ class _StageController(_Controller):
         sc.state.last_run_ms = now
         try:
             staged = stage.stage_partition(self._cleaner, managed, ltc, high_watermark=high_watermark, now_ms=now)
+        except ThreadShutdownError:
+            return  # stage_partition removed the round's .cleaned files
         except Exception as e:
             sc._error(str(managed.log_dir), str(ltc.topic_partition), f"staging failed: {type(e).__name__}: {e}")
             sc.metrics.record_failure()
@@ -583,7 +724,6 @@ class _StageController(_Controller):
 
     def validate_all(self, manager: LogCleanerManager | None = None, logs: dict | None = None) -> None:
         """Check every staged set (ours on disk, also after a restart) and discard stale ones."""
-        sc = self.sidecar
         manager = manager or self._manager()
         logs = logs if logs is not None else manager.logs()
         for tp, managed in logs.items():
@@ -597,18 +737,50 @@ class _StageController(_Controller):
             if reason is None:
                 self.sets[key] = staged
                 continue
-            if reason == "committed":
-                sc.state.bytes_reclaimed += max(staged.source_bytes - staged.staged_bytes, 0)
-            else:
-                sc._error(str(managed.log_dir), str(tp), f"discarding staged set at {staged.base_offset}: {reason}")
-            stage.discard(staged, managed.log.dir)
-            self.sets.pop(key, None)
+            self._discard(key, managed.log.dir, staged, reason)
+            managed.log.refresh()  # the read-only view showed the set as committed
+        # A set nobody validates any more must not wait for the broker's restart: the
+        # policy no longer matches its topic (or the topic is no longer compacted).
+        for log_dir in manager.log_dirs:
+            if not log_dir.exists():
+                continue
+            for tp, pdir in log_dir.partition_dirs().items():
+                managed = logs.get(tp)
+                if managed is not None and managed.compacted and managed.log_dir.path == log_dir.path:
+                    continue
+                staged = stage.load_manifest(pdir)
+                if staged is not None:
+                    self._discard((log_dir.path, tp), pdir, staged, "the policy no longer stages this topic")
 
-    def stop(self) -> None:
+    def _discard(self, key: tuple[Path, TopicPartition], pdir: Path, staged: stage.StagedSet, reason: str) -> None:
+        sc = self.sidecar
+        if reason == "committed":
+            sc.state.bytes_reclaimed += max(staged.source_bytes - staged.staged_bytes, 0)
+        else:
+            sc._error(str(key[0]), str(key[1]), f"discarding staged set at {staged.base_offset}: {reason}")
+        stage.discard(staged, pdir)
+        self.sets.pop(key, None)
+
+    def pause(self, now: int) -> None:
+        # Paused means no new staging; staged sets are still validated on every turn.
+        self.validate_all()
+
+    def reconfigure(self, policy: Policy, *, cleaner_changed: bool) -> None:
+        if cleaner_changed:
+            self._cleaner = None  # the next round builds one with the new settings
+
+    def stop(self, *, leaving_mode: bool = False) -> None:
+        """On shutdown the valid sets stay for the broker's next start (that is the
+        point of staging). When the policy leaves stage mode they are discarded: no other
+        mode validates them, and a set that is not validated may turn stale (retention,
+        truncation) before the broker restarts."""
         self._stop.set()
         try:
             if self.sidecar.policy is not None and self.sidecar.log_dirs:
                 self.validate_all()
+                if leaving_mode:
+                    for key, staged in list(self.sets.items()):
+                        self._discard(key, key[0] / key[1].dir_name, staged, "the policy left stage mode")
         except (KafkaCleanerError, OSError) as e:
             log.warning("final validation of staged sets failed: %s", e)
 

@@ -13,7 +13,7 @@ set replaces: every source segment's name, size, mtime and inode, the log start 
 and the high watermark. It is written *before* the renames, so a sidecar that restarts
 can always re-validate its set. Before and after each round and on every scan the set is
 checked against the directory; anything changed, truncated, deleted or newly swapped
-discards it. A discard first creates a ``.cleaned`` guard at the set's base offset, which
+discards it. A discard first puts a ``.cleaned`` guard at the set's base offset, which
 by Kafka's start-up rules voids every ``.swap`` at or above it, so a crash in the middle
 of a discard cannot let the broker commit half a set.
 
@@ -145,15 +145,28 @@ def validate(staged: StagedSet, partition_dir: Path, log_start_offset: int, high
 
 
 def discard(staged: StagedSet, partition_dir: Path) -> None:
-    """Remove a staged set safely next to a live broker (see the module docstring)."""
+    """Remove a staged set safely next to a live broker (see the module docstring).
+
+    The guard is our own ``<base>.log.swap`` renamed to ``.log.cleaned`` when it is there:
+    one rename voids the whole set and needs no free space (a stale set must also go on a
+    full disk); otherwise an empty ``.cleaned`` file is written. The manifest goes last, so
+    that a sidecar restarted after a crash anywhere in here still knows the leftovers are
+    its own and finishes the discard."""
     guard = partition_dir / file_name(staged.base_offset, LOG_SUFFIX + CLEANED_SUFFIX)
-    files.write_file(guard, b"")
+    base_swap = partition_dir / file_name(staged.base_offset, LOG_SUFFIX + SWAP_SUFFIX)
+    if base_swap.name in staged.staged and base_swap.exists():
+        files.rename(base_swap, guard)
+    else:
+        files.write_file(guard, b"")
     files.fsync_dir(partition_dir)
     for name in staged.staged:
         files.remove(partition_dir / name)
-        files.remove(partition_dir / (name[: -len(SWAP_SUFFIX)] + CLEANED_SUFFIX))
+        cleaned = partition_dir / (name[: -len(SWAP_SUFFIX)] + CLEANED_SUFFIX)
+        if cleaned != guard:
+            files.remove(cleaned)
+    files.remove(guard)  # no .swap of the set is left for it to void
+    files.fsync_dir(partition_dir)
     files.remove(partition_dir / MANIFEST)
-    files.remove(guard)
     files.fsync_dir(partition_dir)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cleaner.errors import CorruptRecordError, LogCleaningAbortedError
+from cleaner.errors import CorruptRecordError, LogCleaningAbortedError, SwapIncompleteError
 from cleaner.records.batch import INT32_MAX
 from cleaner.records.columns import decode_records
 from cleaner.records.control import ControlRecordType, EndTxnMarker
@@ -50,6 +50,21 @@ class LogConfig:
     max_message_bytes: int = 1048588
 
 
+def cleaned_segment(
+    directory: str | os.PathLike[str], base_offset: int, config: LogConfig, source_bytes: int = 0
+) -> LogSegment:
+    """A new ``.cleaned`` segment sized for a group of ``source_bytes`` (see
+    ``Log.new_cleaned_segment``)."""
+    most_entries = source_bytes // max(config.index_interval_bytes + 1, 61) + 2
+    return LogSegment.create(
+        directory,
+        base_offset,
+        suffix=CLEANED_SUFFIX,
+        index_interval_bytes=config.index_interval_bytes,
+        max_index_size=max(config.segment_index_bytes, most_entries * 12),
+    )
+
+
 class Log:
     def __init__(
         self,
@@ -71,6 +86,9 @@ class Log:
         self.pending_startup = pending_startup or []
         """In a read-only log: what the broker's start-up still has to do to the directory."""
         self.may_stage = may_stage
+        self.needs_reopen = False
+        """Set when a committed swap could not finish: the files on disk are right, this
+        object's segment list may not be; ``Log.open`` again."""
         """A read-only log that may still get new ``.cleaned`` segments written next to
         it (the sidecar's stage mode): no existing file is ever changed."""
         self.generation = 0
@@ -143,6 +161,29 @@ class Log:
         log._segments.append(log._new_segment(base_offset))
         return log
 
+    def split_overflowed_segment(self, segment: LogSegment) -> list[LogSegment]:
+        """Kafka's ``splitOverflowedSegment`` (KAFKA-6264): rewrite a segment whose offsets
+        do not all fit its 32-bit relative range (old brokers wrote such segments) as
+        several segments, each starting at the first batch that no longer fits, and swap
+        them in. Batches are copied unchanged."""
+        self._check_writable()
+        new: list[LogSegment] = []
+        current: LogSegment | None = None
+        for chunk in segment.iter_batches():
+            for i in range(len(chunk)):
+                base, last = int(chunk.base_offsets[i]), int(chunk.last_offsets[i])
+                if current is None or last - current.base_offset > INT32_MAX:
+                    current = self._new_segment(base, CLEANED_SUFFIX)
+                    new.append(current)
+                current.append(bytes(chunk.entry_bytes(i)))
+        for seg in new:
+            seg.on_become_inactive()
+            seg.flush()
+            seg.set_last_modified(segment.last_modified_ms)
+        if new:
+            self.replace_segments(new, [segment])
+        return new
+
     def _new_segment(self, base_offset: int, suffix: str = "") -> LogSegment:
         return LogSegment.create(
             self.dir,
@@ -152,11 +193,15 @@ class Log:
             max_index_size=self.config.segment_index_bytes,
         )
 
-    def new_cleaned_segment(self, base_offset: int) -> LogSegment:
-        """An empty ``<base>.log.cleaned`` (stale files of that name are replaced)."""
+    def new_cleaned_segment(self, base_offset: int, *, source_bytes: int = 0) -> LogSegment:
+        """An empty ``<base>.log.cleaned`` (stale files of that name are replaced).
+
+        Its indexes may hold more entries than ``segment.index.bytes`` when a group of
+        ``source_bytes`` is merged (each merged segment can add one entry under the
+        per-batch index rule); Kafka maps an existing index file at its own length."""
         if not self.may_stage:
             self._check_writable()
-        return self._new_segment(base_offset, CLEANED_SUFFIX)
+        return cleaned_segment(self.dir, base_offset, self.config, source_bytes)
 
     # -- shape --------------------------------------------------------------------------
     @property
@@ -391,23 +436,40 @@ class Log:
                 raise LogCleaningAbortedError(f"{self.name}: cleaned segment files are missing: {', '.join(missing)}")
             current = {s.base_offset: s for s in self._segments}
             old = [s for s in sorted(old_segments, key=lambda s: s.base_offset) if current.get(s.base_offset) is s]
-            for seg in reversed(new):
-                seg.change_suffix(SWAP_SUFFIX)
-            files.fsync_dir(self.dir)
-            for seg in old:
-                seg.change_suffix(DELETED_SUFFIX)
-            for seg in new:
-                seg.change_suffix("")
-            old_bases = {s.base_offset for s in old}
-            new_bases = {s.base_offset for s in new}
-            self._segments = sorted(
-                [s for s in self._segments if s.base_offset not in old_bases] + new, key=lambda s: s.base_offset
-            )
-            files.fsync_dir(self.dir)
-            for seg in old:
-                seg.delete_files()
-            for base in sorted(old_bases - new_bases):
-                files.remove(self.dir / snapshot_file_name(base))
+            try:
+                for seg in reversed(new):
+                    seg.change_suffix(SWAP_SUFFIX)
+                files.fsync_dir(self.dir)
+            except BaseException:
+                # Not committed: as long as one file of the set is still ``.cleaned``, a
+                # broker's start-up discards the whole set; undo what we can and remove it.
+                for seg in new:
+                    seg.discard_uncommitted()
+                raise
+            try:
+                for seg in old:
+                    seg.change_suffix(DELETED_SUFFIX)
+                for seg in new:
+                    seg.change_suffix("")
+                old_bases = {s.base_offset for s in old}
+                new_bases = {s.base_offset for s in new}
+                self._segments = sorted(
+                    [s for s in self._segments if s.base_offset not in old_bases] + new, key=lambda s: s.base_offset
+                )
+                files.fsync_dir(self.dir)
+                for seg in old:
+                    seg.delete_files()
+                for base in sorted(old_bases - new_bases):
+                    files.remove(self.dir / snapshot_file_name(base))
+            except BaseException as e:
+                # Committed: the new segments are the log now, whatever failed after the
+                # commit point. Never delete them; this object's view may be stale, so it
+                # must be opened again (which completes the swap as a broker would).
+                self.needs_reopen = True
+                raise SwapIncompleteError(
+                    f"{self.name}: the swap was committed but did not finish ({type(e).__name__}: {e}); "
+                    f"opening the log again completes it"
+                ) from e
 
     # -- transactions and producers ------------------------------------------------------
     def collect_aborted_transactions(self, start: int, upper: int) -> list[AbortedTxn]:

@@ -534,6 +534,23 @@ class LogSegment:
             if index is not None:
                 index.path = str(self.path(kind))
 
+    def discard_uncommitted(self) -> None:
+        """Remove a new segment that was not committed: its ``.swap`` files first (each
+        renamed back to ``.cleaned`` where possible), then the ``.cleaned`` ones, so that
+        at every moment some ``.cleaned`` file of the set remains for as long as any
+        ``.swap`` does (what makes a broker's start-up discard the set)."""
+        self.close_appender()
+        for kind in SEGMENT_FILE_SUFFIXES:
+            swap = self.dir / file_name(self.base_offset, kind + SWAP_SUFFIX)
+            if swap.exists():
+                try:
+                    files.rename(swap, self.dir / file_name(self.base_offset, kind + CLEANED_SUFFIX))
+                except OSError:
+                    files.remove(swap)
+        for kind in SEGMENT_FILE_SUFFIXES:
+            files.remove(self.dir / file_name(self.base_offset, kind + CLEANED_SUFFIX))
+        self.suffix = CLEANED_SUFFIX
+
     def delete_files(self) -> None:
         self.close_appender()
         for kind in SEGMENT_FILE_SUFFIXES:

@@ -640,25 +640,13 @@ def test_rebuilt_batches_read_identically_by_peers(codec: CompressionType, spec:
     assert read_ours(again)[2].delete_horizon_ms == horizon2
 
 
-SNAPPY_EMPTY_STREAM = (
-    "BUG: rebuild_batch keeping no rows of a snappy batch writes records_count 0, the snappy codec bits and a "
-    "header-only xerial stream (the 16-byte header, no chunk). Ours and Kafka's Java reader skip the section of a "
-    "0-record batch, but kafka-python's and aiokafka's readers decompress first and take a stream of <= 16 bytes "
-    "for raw snappy ('snappy: corrupt input'), so Python consumers fail on the batch. Kafka writes an empty batch "
-    "only through writeEmptyHeader, with compression NONE, which every reader accepts."
-)
-
-
-@pytest.mark.parametrize(
-    "codec",
-    [GZIP, pytest.param(SNAPPY, marks=pytest.mark.xfail(strict=True, reason=SNAPPY_EMPTY_STREAM)), LZ4, ZSTD],
-    ids=[c.kafka_name for c in (GZIP, SNAPPY, LZ4, ZSTD)],
-)
+@pytest.mark.parametrize("codec", [GZIP, SNAPPY, LZ4, ZSTD], ids=[c.kafka_name for c in (GZIP, SNAPPY, LZ4, ZSTD)])
 def test_rebuild_keeping_no_rows_of_a_compressed_batch_is_readable(codec: CompressionType) -> None:
     """A rebuilt batch that keeps none of its records is read as empty by us and by every peer.
 
-    (Before b08373d the section was left empty with the codec bits set: our decode_records and
-    the peers rejected it for gzip/snappy/lz4, aiokafka also for zstd.)"""
+    (It was once left empty with the codec bits set, which our decode_records and the peers
+    rejected; then written as a header-only snappy stream, which the Python peers read as raw
+    snappy and reject. Like Kafka's empty headers it is now written without compression.)"""
     original = build_batch([Record(5, 1000, b"k", b"v"), Record(6, 1001, b"k2", None)], compression=codec)
     columns = decode_records(scan_batches(original).batches)
     rebuilt = rebuild_batch(columns, 0, np.zeros(0, dtype=np.int64), delete_horizon_ms=None)
