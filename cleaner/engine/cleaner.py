@@ -193,6 +193,44 @@ class Cleaner:
         stats.all_done()
         return end_offset, stats
 
+    def dirty_segments(self, ltc: LogToClean) -> list[tuple[LogSegment, int, CleanedTransactionMetadata]]:
+        """For the map-building phase run in parallel (the Spark job): each dirty segment,
+        the base offset of the next one (or the first uncleanable offset), and the
+        transaction state at its start as the sequential map build would have it (from a
+        header-only replay)."""
+        start, end = ltc.first_dirty_offset, ltc.first_uncleanable_offset
+        the_log = ltc.log
+        dirty = the_log.segments_between(start, end)
+        next_starts = [s.base_offset for s in dirty[1:]] + [end]
+        state = CleanedTransactionMetadata()
+        state.add_aborted_transactions(the_log.collect_aborted_transactions(start, end))
+        out = []
+        for segment, next_start in zip(dirty, next_starts, strict=True):
+            out.append((segment, next_start, copy.deepcopy(state)))
+            position = segment.offset_index.lookup(start)[1]
+            for chunk in self._chunks(segment, position, the_log.config.max_message_bytes):
+                _run_transactions(chunk, _control_types(chunk), state)
+        return out
+
+    def segment_keys(
+        self, ltc: LogToClean, segment: LogSegment, transactions: CleanedTransactionMetadata
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(digests, offsets), in log order, of every key of ``segment`` the map building
+        would put (keyed records at or after the first dirty offset, outside aborted
+        transactions and control batches), given the transaction state at its start."""
+        start = ltc.first_dirty_offset
+        position = segment.offset_index.lookup(start)[1]
+        digests: list[np.ndarray] = []
+        offsets: list[np.ndarray] = []
+        for chunk in self._chunks(segment, position, ltc.log.config.max_message_bytes):
+            aborted = _run_transactions(chunk, _control_types(chunk), transactions)
+            keys = _keyed_records(chunk, ~(aborted | chunk.is_control), start)
+            digests.append(keys.digests)
+            offsets.append(keys.offsets)
+        if not offsets:
+            return np.zeros((0, 16), dtype=np.uint8), np.zeros(0, dtype=np.int64)
+        return np.concatenate(digests), np.concatenate(offsets)
+
     def transaction_states(self, ltc: LogToClean, groups: list[list[LogSegment]]) -> list[CleanedTransactionMetadata]:
         """The transaction state at the start of each group, as the sequential rewrite
         would have it, from a header-only replay: lets groups be rewritten independently

@@ -545,7 +545,7 @@ class _CompactController(_Controller):
             self.pool = LogCleaner(
                 self.manager,
                 sc.policy.cleaner,
-                StoppableTime(sc.time, self._abort, sc.stopping),
+                sc.time,
                 exit_when_idle=True,
                 on_cleaned=sc.record_clean,
                 on_uncleanable=self._uncleanable,
