@@ -86,6 +86,11 @@ class OffsetLookup(Protocol):
 
     def get_many(self, digests: np.ndarray) -> np.ndarray: ...
 
+    def is_latest_many(self, offsets: np.ndarray) -> np.ndarray:
+        """For records the map has seen (first dirty offset .. latest offset): whether
+        each offset is its key's mapped offset (saves hashing those keys again)."""
+        ...
+
 
 @dataclass
 class LogToClean:
@@ -496,7 +501,17 @@ class Cleaner:
         keep_rows = None
         if columns is not None and len(columns):
             row_batch = v2_rows[columns.batch]
-            keep_rows, invalid = _retained_rows(lookup, columns, row_batch, is_control, has_horizon, horizon, now)
+            keep_rows, invalid = _retained_rows(
+                lookup,
+                ltc.first_dirty_offset,
+                columns,
+                row_batch,
+                is_control,
+                chunk.is_transactional,
+                has_horizon,
+                horizon,
+                now,
+            )
             keep_rows &= ~discard_records[row_batch]
             counted = ~delete[row_batch]
             stats.messages_read += int(counted.sum())
@@ -599,9 +614,11 @@ class Cleaner:
 
 def _retained_rows(
     lookup: OffsetLookup,
+    first_dirty: int,
     columns: RecordColumns,
     row_batch: np.ndarray,
     is_control: np.ndarray,
+    transactional: np.ndarray,
     has_horizon: np.ndarray,
     horizon: np.ndarray,
     now: int,
@@ -615,9 +632,20 @@ def _retained_rows(
     rows = np.flatnonzero(~past & keyed & ~control_row)
     keep = past | control_row
     if rows.size:
-        starts, ends = columns.key_spans(rows)
-        found = lookup.get_many(digest_keys(columns.data, starts, ends))
-        is_latest = offsets[rows] >= found
+        row_offsets = offsets[rows]
+        is_latest = np.empty(rows.size, dtype=bool)
+        # A keyed record of a non-transactional batch in the dirty section (and at most the
+        # latest offset) was certainly put in the map: it is the latest for its key iff its
+        # offset is a map value, no hashing needed. Transactional batches are looked up by
+        # key: the map build may have skipped them as aborted where the rewrite does not
+        # (it starts at the offset-index position, §9.2). So are the clean tail's records.
+        seen = (row_offsets >= first_dirty) & ~transactional[row_batch[rows]]
+        if seen.any():
+            is_latest[seen] = lookup.is_latest_many(row_offsets[seen])
+        tail = np.flatnonzero(~seen)
+        if tail.size:
+            starts, ends = columns.key_spans(rows[tail])
+            is_latest[tail] = row_offsets[tail] >= lookup.get_many(digest_keys(columns.data, starts, ends))
         b = row_batch[rows]
         keep_deletes = ~has_horizon[b] | (now < horizon[b])
         keep[rows] = is_latest & ((columns.value_length[rows] >= 0) | keep_deletes)

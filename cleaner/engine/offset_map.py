@@ -66,17 +66,22 @@ class _Digests:
     __slots__ = ("a", "b", "c", "d", "z")
 
     def __init__(self, digests: np.ndarray) -> None:
-        d = np.ascontiguousarray(digests, dtype=np.uint8)
-        self.z = d[:, 0].copy()
-        self.a = d[:, 1:9].copy().view(">u8").reshape(-1).astype(np.uint64)
-        self.b = d[:, 9:13].copy().view(">u4").reshape(-1).astype(np.uint32)
-        self.c = d[:, 13:15].copy().view(">u2").reshape(-1).astype(np.uint16)
-        self.d = d[:, 15].copy()
+        # One view of the 16 digest bytes as the five columns, each converted once.
+        fields = np.ascontiguousarray(digests, dtype=np.uint8).reshape(-1).view(_DIGEST_FIELDS)
+        self.z = fields["z"].copy()
+        self.a = fields["a"].astype(np.uint64)
+        self.b = fields["b"].astype(np.uint32)
+        self.c = fields["c"].astype(np.uint16)
+        self.d = fields["d"].copy()
 
-    def take(self, index: np.ndarray) -> _Digests:
+    def take(self, index: np.ndarray | slice) -> _Digests:
         out = _Digests.__new__(_Digests)
         out.z, out.a, out.b, out.c, out.d = self.z[index], self.a[index], self.b[index], self.c[index], self.d[index]
         return out
+
+
+_DIGEST_FIELDS = np.dtype([("z", "u1"), ("a", ">u8"), ("b", ">u4"), ("c", ">u2"), ("d", "u1")])
+assert _DIGEST_FIELDS.itemsize == DIGEST_SIZE
 
 
 class OffsetMap:
@@ -113,6 +118,7 @@ class OffsetMap:
         self.size = 0
         self.base_offset = 0
         self.latest_offset = -1
+        self._values: np.ndarray | None = None
 
     # -- Kafka's OffsetMap API --------------------------------------------------------
 
@@ -124,6 +130,7 @@ class OffsetMap:
         self.size = 0
         self.base_offset = base_offset
         self.latest_offset = -1
+        self._values = None
 
     @property
     def utilization(self) -> float:
@@ -167,12 +174,29 @@ class OffsetMap:
             if room <= 0:
                 break
             upto = min(n, done + room)
-            chunk = np.arange(done, upto)
-            self._insert(keys.take(chunk), relative[chunk])
+            self._insert(keys.take(slice(done, upto)), relative[done:upto])
             done = upto
         if done:
             self.latest_offset = int(offsets[done - 1])
         return done
+
+    def is_latest_many(self, offsets: np.ndarray) -> np.ndarray:
+        """For offsets of records the map has seen (at or after ``base_offset``, at most
+        ``latest_offset``): whether each is the mapped offset of its key.
+
+        Such a record was put, so its key maps to an offset >= its own, and Kafka keeps it
+        iff that offset is its own: iff the offset is one of the map's values (also when
+        two keys share a digest: each digest holds one value). This answers without
+        hashing the key again."""
+        if self._values is None:
+            stored = self._offsets[self._offsets != _EMPTY]
+            self._values = np.sort(stored)
+        relative = (np.asarray(offsets, dtype=np.int64) - self.base_offset + 1).astype(np.uint32)
+        at = np.searchsorted(self._values, relative)
+        found = np.zeros(relative.shape, dtype=bool)
+        inside = at < self._values.size
+        found[inside] = self._values[at[inside]] == relative[inside]
+        return found
 
     def get_many(self, digests: np.ndarray) -> np.ndarray:
         """The mapped offset of each key, or -1."""
@@ -229,6 +253,7 @@ class OffsetMap:
         return slots, found
 
     def _insert(self, keys: _Digests, relative: np.ndarray) -> None:
+        self._values = None
         stored = (relative + 1).astype(np.uint32)
         pending = np.arange(keys.a.shape[0])
         while pending.size:

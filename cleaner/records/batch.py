@@ -57,8 +57,9 @@ HEADER_DTYPE = np.dtype(
 assert HEADER_DTYPE.itemsize == RECORD_BATCH_OVERHEAD
 
 
-class Attributes(enum.IntFlag):
-    """Bits of the v2 attributes (only the low byte is used by readers)."""
+class Attributes:
+    """Bits of the v2 attributes (only the low byte is used by readers). Plain ints, not
+    an ``IntFlag``: they are combined per batch on hot paths."""
 
     COMPRESSION_MASK = 0x07
     LOG_APPEND_TIME = 0x08

@@ -77,8 +77,11 @@ class Batches:
         return int(self.positions.shape[0])
 
     def header(self, i: int) -> BatchHeader:
-        row = self.headers[i]
-        return BatchHeader(*(int(row[name]) for name in HEADER_DTYPE.names), position=int(self.file_positions[i]))
+        p = int(self.positions[i])
+        if i in self.legacy:  # the row was filled from the decoded legacy message
+            row = self.headers[i]
+            return BatchHeader(*(int(row[name]) for name in HEADER_DTYPE.names), position=p + self.base_position)
+        return BatchHeader.parse(self.buffer, p, file_position=p + self.base_position)
 
     def __iter__(self):
         for i in range(len(self)):

@@ -56,10 +56,12 @@ POLICY_POLL_MS = 2_000
 
 
 class StoppableTime:
-    """The clock given to throttled work (cleaner threads, staging, scans): a throttle's
-    sleep ends as soon as one of ``events`` is set, so SIGTERM, a pause or a mode switch
-    never waits for it (``Throttler`` sleeps in one piece, up to seconds at a low
-    ``maxIoBytesPerSecond``). Everything else is the wrapped clock."""
+    """The clock given to throttled work (cleaner threads, staging, scans): once one of
+    ``events`` is set, a throttle's sleep raises ``ThreadShutdownError`` (within 100 ms),
+    which aborts the round like the cleaner's own shutdown check, so SIGTERM, a pause or a
+    mode switch never waits for it (``Throttler`` sleeps in one piece, up to seconds at a
+    low ``maxIoBytesPerSecond``), and the work does not go on unthrottled either.
+    Everything else is the wrapped clock."""
 
     SLICE_MS = 100
 
@@ -74,7 +76,11 @@ class StoppableTime:
         return self._time.nanoseconds()
 
     def sleep(self, ms: float) -> None:
-        while ms > 0 and not any(e.is_set() for e in self._events):
+        while True:
+            if any(e.is_set() for e in self._events):
+                raise ThreadShutdownError("the sidecar is stopping this work")
+            if ms <= 0:
+                return
             step = min(ms, self.SLICE_MS)
             self._time.sleep(step)
             ms -= step
@@ -545,7 +551,7 @@ class _CompactController(_Controller):
             self.pool = LogCleaner(
                 self.manager,
                 sc.policy.cleaner,
-                sc.time,
+                StoppableTime(sc.time, self._abort, sc.stopping),
                 exit_when_idle=True,
                 on_cleaned=sc.record_clean,
                 on_uncleanable=self._uncleanable,
