@@ -212,7 +212,7 @@ class Cleaner:
         out = []
         for segment, next_start in zip(dirty, next_starts, strict=True):
             out.append((segment, next_start, copy.deepcopy(state)))
-            position = segment.offset_index.lookup(start)[1]
+            position = segment.lookup_position(start)
             for chunk in self._chunks(segment, position, the_log.config.max_message_bytes):
                 _run_transactions(chunk, _control_types(chunk), state)
         return out
@@ -224,7 +224,7 @@ class Cleaner:
         would put (keyed records at or after the first dirty offset, outside aborted
         transactions and control batches), given the transaction state at its start."""
         start = ltc.first_dirty_offset
-        position = segment.offset_index.lookup(start)[1]
+        position = segment.lookup_position(start)
         digests: list[np.ndarray] = []
         offsets: list[np.ndarray] = []
         for chunk in self._chunks(segment, position, ltc.log.config.max_message_bytes):
@@ -339,7 +339,7 @@ class Cleaner:
         transactions: CleanedTransactionMetadata,
         stats: CleanerStats,
     ) -> bool:
-        position = segment.offset_index.lookup(start)[1]
+        position = segment.lookup_position(start)
         max_message_bytes = ltc.log.config.max_message_bytes
         for chunk in self._chunks(segment, position, max_message_bytes):
             self.check_done(ltc.topic_partition)

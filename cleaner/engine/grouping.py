@@ -24,23 +24,23 @@ def group_segments_by_size(
         first = segments[i]
         group = [first]
         log_size = first.size
-        index_size = first.offset_index.size_in_bytes
-        time_index_size = first.time_index.size_in_bytes
+        index_size = first.index_bytes()
+        time_index_size = first.time_index_bytes()
         i += 1
         while i < n:
             candidate = segments[i]
             last_offset_estimate = segments[i + 1].base_offset - 1 if i + 1 < n else first_uncleanable_offset - 1
             if not (
                 log_size + candidate.size <= max_size
-                and index_size + candidate.offset_index.size_in_bytes <= max_index_size
-                and time_index_size + candidate.time_index.size_in_bytes <= max_index_size
+                and index_size + candidate.index_bytes() <= max_index_size
+                and time_index_size + candidate.time_index_bytes() <= max_index_size
                 and (candidate.size == 0 or last_offset_estimate - first.base_offset <= INT32_MAX)
             ):
                 break
             group.append(candidate)
             log_size += candidate.size
-            index_size += candidate.offset_index.size_in_bytes
-            time_index_size += candidate.time_index.size_in_bytes
+            index_size += candidate.index_bytes()
+            time_index_size += candidate.time_index_bytes()
             i += 1
         groups.append(group)
     return groups

@@ -524,7 +524,7 @@ class Log:
                 continue
             if seg is first:
                 hint = seg.position_hint(start_offset)
-                position = hint if hint is not None else seg.offset_index.lookup(start_offset)[1]
+                position = hint if hint is not None else seg.lookup_position(start_offset)
             else:
                 position = 0
             for chunk in seg.iter_batches(position):

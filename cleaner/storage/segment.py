@@ -93,6 +93,26 @@ class _Indexer:
         self.max_timestamp, self.offset_of_max_timestamp = max_ts, max_ts_offset
 
 
+def _file_entries(path: Path, entry_size: int) -> int:
+    try:
+        return path.stat().st_size // entry_size
+    except FileNotFoundError:
+        return 0
+
+
+def _tail_entry(path: Path, entry_size: int, dtype: str) -> np.void | None:
+    """The last whole entry of an index file, read alone; None if there is none."""
+    try:
+        with open(path, "rb") as f:
+            entries = os.fstat(f.fileno()).st_size // entry_size
+            if entries == 0:
+                return None
+            data = os.pread(f.fileno(), entry_size, (entries - 1) * entry_size)
+    except FileNotFoundError:
+        return None
+    return np.frombuffer(data, dtype=np.dtype(dtype))[0]
+
+
 class LogSegment:
     """A segment's files in ``directory``, all named ``<base><kind><suffix>``, where
     ``suffix`` is "" for a live segment, ".cleaned" or ".swap" during a replace."""
@@ -123,6 +143,7 @@ class LogSegment:
         self._append_file = None
         self._tail: tuple[int, int] | None = None  # (position scanned to, next offset there)
         self._identity: tuple[int, int] | None = None
+        self._max_ts_cache: tuple[int, int] | None = None
         self._first_batch_timestamp: int | None = None
 
     # -- files --------------------------------------------------------------------------
@@ -213,6 +234,10 @@ class LogSegment:
                 files.set_mtime_ms(path, ms)
 
     # -- indexes ------------------------------------------------------------------------
+    # A log can have thousands of segments, so a closed segment keeps no index in memory:
+    # sizes come from the file length, the last entry from the file's tail, and a lookup
+    # loads the index for that call only. ``offset_index``/``time_index`` load and keep
+    # the index: for the segment being appended to (and for tools and tests).
     @property
     def offset_index(self) -> OffsetIndex:
         if self._offset_index is None:
@@ -222,11 +247,7 @@ class LogSegment:
     @property
     def time_index(self) -> TimeIndex:
         if self._time_index is None:
-            if self.time_index_path.exists():
-                self._time_index = self._load_or_rebuild(TimeIndex, self.time_index_path)
-            else:
-                # Kafka creates an empty one and does not rebuild it (KAFKA_NOTES §2.3).
-                self._time_index = TimeIndex(self.base_offset, self.max_index_size, path=self.time_index_path)
+            self._time_index = self._load_or_rebuild(TimeIndex, self.time_index_path)
         return self._time_index
 
     @property
@@ -236,17 +257,58 @@ class LogSegment:
         return self._txn_index
 
     def _load_or_rebuild(self, cls: type, path: Path):
+        """Read an index; a missing ``.timeindex`` is empty (Kafka creates it empty and does
+        not rebuild it, §2.3); a missing ``.index`` or any unreadable one (e.g. untrimmed
+        zeros after an unclean shutdown) is rebuilt from the log in memory."""
         try:
             return cls.read(path, self.base_offset, max_index_size=self.max_index_size)
         except FileNotFoundError:
-            pass
+            if cls is TimeIndex:
+                return TimeIndex(self.base_offset, self.max_index_size, path=path)
         except CorruptIndexError:
             pass
-        # Missing or unreadable (e.g. an untrimmed index left by an unclean shutdown):
-        # rebuild it from the log in memory; the loader decides whether to write it.
         indexer, _ = self.build_indexes()
-        self._offset_index, self._time_index = indexer.offset_index, indexer.time_index
-        return self._offset_index if cls is OffsetIndex else self._time_index
+        return indexer.offset_index if cls is OffsetIndex else indexer.time_index
+
+    def index_bytes(self) -> int:
+        """``offsetIndex.sizeInBytes`` (entries * 8), without loading the index."""
+        if self._offset_index is not None:
+            return self._offset_index.size_in_bytes
+        return _file_entries(self.index_path, 8) * 8
+
+    def time_index_bytes(self) -> int:
+        """``timeIndex.sizeInBytes`` (entries * 12), without loading the index."""
+        if self._time_index is not None:
+            return self._time_index.size_in_bytes
+        return _file_entries(self.time_index_path, 12) * 12
+
+    def lookup_position(self, offset: int) -> int:
+        """Where to start reading for ``offset`` (the offset index's lookup)."""
+        index = self._offset_index or self._load_or_rebuild(OffsetIndex, self.index_path)
+        return index.lookup(offset)[1]
+
+    def _last_offset_entry(self) -> tuple[int, int] | None:
+        if self._offset_index is not None:
+            return self._offset_index.last_entry if self._offset_index.entries else None
+        tail = _tail_entry(self.index_path, 8, ">i4,>i4")
+        if tail is not None:
+            rel, position = int(tail[0]), int(tail[1])
+            if rel >= 0 and 0 <= position <= self.size and (rel, position) != (0, 0):
+                return self.base_offset + rel, position
+        index = self._load_or_rebuild(OffsetIndex, self.index_path)
+        return index.last_entry if index.entries else None
+
+    def _last_time_entry(self) -> tuple[int, int] | None:
+        if self._time_index is not None:
+            return self._time_index.last_entry if self._time_index.entries else None
+        tail = _tail_entry(self.time_index_path, 12, ">i8,>i4")
+        if tail is None:
+            return None
+        ts, rel = int(tail[0]), int(tail[1])
+        if ts > 0 and rel >= 0:
+            return ts, self.base_offset + rel
+        index = self._load_or_rebuild(TimeIndex, self.time_index_path)
+        return index.last_entry if index.entries else None
 
     def has_valid_index_files(self) -> bool:
         """Whether both index files exist and read without error (what a loader checks
@@ -263,18 +325,23 @@ class LogSegment:
         if self._indexer is None:
             # A segment opened from disk takes its running maximum from the last time-index
             # entry (Kafka reads it lazily there) and starts counting index bytes at 0.
-            index = self.time_index
-            max_ts = index.last_entry if index.entries else (NO_TIMESTAMP, self.base_offset)
-            self._indexer = _Indexer(self.offset_index, index, self.index_interval_bytes, max_ts)
+            self._indexer = _Indexer(self.offset_index, self.time_index, self.index_interval_bytes, self._max_ts())
         return self._indexer
+
+    def _max_ts(self) -> tuple[int, int]:
+        if self._indexer is not None:
+            return self._indexer.max_timestamp, self._indexer.offset_of_max_timestamp
+        if self._max_ts_cache is None:
+            self._max_ts_cache = self._last_time_entry() or (NO_TIMESTAMP, self.base_offset)
+        return self._max_ts_cache
 
     @property
     def max_timestamp_so_far(self) -> int:
-        return self.indexer.max_timestamp
+        return self._max_ts()[0]
 
     @property
     def offset_of_max_timestamp_so_far(self) -> int:
-        return self.indexer.offset_of_max_timestamp
+        return self._max_ts()[1]
 
     @property
     def largest_timestamp(self) -> int:
@@ -334,8 +401,8 @@ class LogSegment:
             except CorruptDataError:
                 pass
         self._tail = None
-        _, position = self.offset_index.last_entry if self.offset_index.entries else (self.base_offset, 0)
-        return self._scan_tail(position, self.base_offset)
+        last = self._last_offset_entry()
+        return self._scan_tail(last[1] if last else 0, self.base_offset)
 
     def _scan_tail(self, position: int, next_offset: int) -> int:
         for chunk in self.iter_batches(position, allow_truncated_tail=True):
@@ -472,7 +539,7 @@ class LogSegment:
         """Remove every batch whose last offset is >= ``offset`` (Kafka's ``truncateTo``:
         a batch holding ``offset`` goes entirely). Returns the bytes removed."""
         position = self.size
-        for chunk in self.iter_batches(self.offset_index.lookup(offset)[1]):
+        for chunk in self.iter_batches(self.lookup_position(offset)):
             hits = np.flatnonzero(chunk.last_offsets >= offset)
             if hits.size:
                 position = int(chunk.file_positions[hits[0]])
@@ -484,6 +551,7 @@ class LogSegment:
         if removed:
             self.truncate_log_file(position)
         self._indexer = None  # the running maximum is read again from the time index
+        self._max_ts_cache = None
         self._tail = None
         return removed
 
