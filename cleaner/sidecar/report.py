@@ -4,8 +4,9 @@ from it (version 1; the contract with the operator, whose schema is
 
 The document stays under 64 KiB whatever the broker holds: ``partitions`` lists the top
 ``reporting.topPartitions`` by cleanable ratio plus the uncleanable ones, ``errors`` the
-last 20, and when even that is too large (thousands of topics or uncleanable partitions)
-the lists are cut, least interesting first, and ``truncated`` says by how much.
+last 20 (messages cut to ``MAX_MESSAGE_CHARS``), and when even that is too large
+(thousands of topics or uncleanable partitions) the lists are cut, least interesting
+first, and ``truncated`` says by how much.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from cleaner.storage.topic_partition import TopicPartition
 STATUS_VERSION = 1
 MAX_STATUS_BYTES = 64 * 1024
 MAX_ERRORS = 20
+MAX_MESSAGE_CHARS = 1024
+"""Error messages and uncleanable reasons are cut to this (an exception text can be long)."""
 _REASONS = {"ratio", "lag", "lso", "activeSegment", "uncleanable", "paused"}
 
 
@@ -127,7 +130,7 @@ def partition_entry(status: PartitionStatus, last_cleaned_at_ms: int | None) -> 
         "eligible": r.eligible,
         "reason": reason,
         "lastCleanedAt": rfc3339(last_cleaned_at_ms),
-        "uncleanableReason": r.uncleanable_reason,
+        "uncleanableReason": _capped(r.uncleanable_reason),
     }
 
 
@@ -169,9 +172,19 @@ def build_status(
         "cleaner": cleaner,
         "topics": topics,
         "partitions": partitions,
-        "errors": list(errors)[-MAX_ERRORS:],
+        "errors": [_capped_error(e) for e in list(errors)[-MAX_ERRORS:]],
     }
     return _bounded(doc, keep_partitions=len(top))
+
+
+def _capped(text: str | None) -> str | None:
+    if text is None or len(text) <= MAX_MESSAGE_CHARS:
+        return text
+    return text[: MAX_MESSAGE_CHARS - 3] + "..."
+
+
+def _capped_error(error: dict[str, Any]) -> dict[str, Any]:
+    return {**error, "message": _capped(error.get("message"))}
 
 
 def _size(doc: dict[str, Any]) -> int:
@@ -181,13 +194,20 @@ def _size(doc: dict[str, Any]) -> int:
 def _bounded(doc: dict[str, Any], keep_partitions: int) -> dict[str, Any]:
     """Cut the long lists until the document fits ``MAX_STATUS_BYTES``: first the
     uncleanable partitions beyond the top ones, then topics (least dirty last), then the
-    top partitions themselves, then error messages."""
+    older errors (the newest stays), then the top partitions themselves, then the last
+    error."""
     if _size(doc) <= MAX_STATUS_BYTES:
         return doc
     total = {"topics": len(doc["topics"]), "partitions": len(doc["partitions"])}
-    for key, floor in (("partitions", keep_partitions), ("topics", 0), ("partitions", 0)):
+    for key, floor in (("partitions", keep_partitions), ("topics", 0), ("errors", 1), ("partitions", 0)):
         items = doc[key]
-        lo, hi = floor, len(items)
+        if key == "errors":  # the newest stays: cut the oldest first
+            while len(doc[key]) > floor and _size(doc) > MAX_STATUS_BYTES:
+                doc[key] = doc[key][1:]
+            if _size(doc) <= MAX_STATUS_BYTES:
+                break
+            continue
+        lo, hi = min(floor, len(items)), len(items)
         # Binary search the longest prefix that fits.
         while lo < hi:
             mid = (lo + hi + 1) // 2
