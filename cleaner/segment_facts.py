@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from cleaner.records.columns import decode_records
 from cleaner.storage.segment import LogSegment
@@ -41,13 +41,30 @@ class SegmentFacts:
         )
 
 
+@dataclass(frozen=True)
+class ScanEnd:
+    """Where a scan stopped, and a fingerprint of the last batch it read: enough to tell,
+    with one small read, whether the bytes before ``position`` are still those scanned."""
+
+    position: int = 0
+    last_batch_position: int = -1
+    last_batch_mark: bytes = b""
+
+
+def _mark(segment: LogSegment, position: int) -> bytes:
+    """The first 21 bytes of the batch at ``position``: base offset, length, leader epoch,
+    magic and CRC (any rewrite of the batch changes them)."""
+    return segment.read(position, 21) if position >= 0 else b""
+
+
 def scan_segment(
     segment: LogSegment, start_position: int = 0, *, throttle: Callable[[int], None] | None = None
-) -> tuple[SegmentFacts, int]:
-    """Facts of the segment's batches from ``start_position``; returns them and the
-    position after the last complete batch (a batch being written is left for later)."""
+) -> tuple[SegmentFacts, ScanEnd]:
+    """Facts of the segment's batches from ``start_position``; returns them and where the
+    scan stopped (after the last complete batch: a batch being written is left for later)."""
     facts = SegmentFacts()
     position = start_position
+    last = -1
     for chunk in segment.iter_batches(start_position, allow_truncated_tail=True):
         if throttle is not None:
             throttle(int(chunk.sizes.sum()))
@@ -68,22 +85,30 @@ def scan_segment(
                     tombstones += 1
                     oldest = r.timestamp if oldest is None else min(oldest, r.timestamp)
         end = int(chunk.file_positions[-1] + chunk.sizes[-1])
+        last = int(chunk.file_positions[-1])
         facts = facts + SegmentFacts(
             end - position, len(chunk), records, tombstones, oldest, int(chunk.max_timestamps.max())
         )
         position = end
-    return facts, position
+    return facts, ScanEnd(position, last, _mark(segment, last))
 
 
 @dataclass
 class _Entry:
-    identity: tuple[int, int, int]  # inode, mtime_ns, device
-    size: int
+    identity: tuple[int, int]  # inode, device
+    end: ScanEnd
     facts: SegmentFacts
+    active: bool
 
 
 class FactsCache:
-    """Facts per segment file, re-read only when a segment changed (see module doc)."""
+    """Facts per segment file, read again only when the segment changed (module doc).
+
+    A segment is known by its inode. A closed segment only ever changes by shrinking (a
+    truncation) or being replaced (a new inode), so a ``stat`` tells. A segment that was
+    active at its last scan may also have been truncated and written again past the
+    old size; one small read of the last scanned batch's header proves its bytes are the
+    ones scanned before only the new ones are read."""
 
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
@@ -95,24 +120,28 @@ class FactsCache:
     ) -> SegmentFacts:
         path = str(segment.log_path)
         st = os.stat(path)
-        identity = (st.st_ino, 0 if active else st.st_mtime_ns, st.st_dev)
+        identity = (st.st_ino, st.st_dev)
         with self._lock:
             entry = self._entries.get(path)
-        if entry is not None and entry.identity == identity:
-            if entry.size == st.st_size:
-                return entry.facts
-            if active and st.st_size > entry.size:
-                # The active segment only grows: read what was appended since.
-                more, end = scan_segment(segment, entry.size, throttle=throttle)
-                self.bytes_read += more.bytes_scanned
-                new = _Entry(identity, end, entry.facts + replace(more, bytes_scanned=0))
+        if entry is not None and entry.identity == identity and st.st_size >= entry.end.position:
+            unchanged = not entry.active or _mark(segment, entry.end.last_batch_position) == entry.end.last_batch_mark
+            if unchanged:
+                if st.st_size == entry.end.position or (not active and not entry.active):
+                    facts = entry.facts
+                    new = _Entry(identity, entry.end, facts, active)
+                else:
+                    more, end = scan_segment(segment, entry.end.position, throttle=throttle)
+                    self.bytes_read += more.bytes_scanned
+                    if end.last_batch_position < 0:
+                        end = entry.end
+                    new = _Entry(identity, end, entry.facts + more, active)
                 with self._lock:
                     self._entries[path] = new
                 return new.facts
         facts, end = scan_segment(segment, 0, throttle=throttle)
         self.bytes_read += facts.bytes_scanned
         with self._lock:
-            self._entries[path] = _Entry(identity, end, facts)
+            self._entries[path] = _Entry(identity, end, facts, active)
         return facts
 
     def forget_missing(self) -> None:

@@ -235,7 +235,17 @@ class LogCleanerManager:
         leo = the_log.log_end_offset
         shape = (tuple(s.base_offset for s in the_log.segments), the_log.log_start_offset, the_log.generation)
         cached = self._producer_state.get(tp)
-        if cached is not None and cached.shape == shape and cached.log_end_offset <= leo:
+        active = the_log.active_segment
+        # Resume only where the bytes replayed so far are provably unchanged (no truncation
+        # and rewrite in between); otherwise reload from the newest snapshot.
+        resumable = (
+            cached is not None
+            and cached.shape == shape
+            and cached.log_end_offset <= leo
+            and active is not None
+            and active.position_hint(cached.log_end_offset) is not None
+        )
+        if resumable:
             psm = cached.state
             if leo > cached.log_end_offset:
                 for batches in the_log.iter_batches(cached.log_end_offset):

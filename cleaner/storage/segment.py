@@ -142,6 +142,8 @@ class LogSegment:
         self._indexer: _Indexer | None = None
         self._append_file = None
         self._tail: tuple[int, int] | None = None  # (position scanned to, next offset there)
+        # next offset -> (position, last batch's position, its first 21 bytes), of the last scans
+        self._tail_history: dict[int, tuple[int, int, bytes]] = {}
         self._identity: tuple[int, int] | None = None
         self._max_ts_cache: tuple[int, int] | None = None
         self._first_batch_timestamp: int | None = None
@@ -405,18 +407,32 @@ class LogSegment:
         return self._scan_tail(last[1] if last else 0, self.base_offset)
 
     def _scan_tail(self, position: int, next_offset: int) -> int:
+        last = -1
         for chunk in self.iter_batches(position, allow_truncated_tail=True):
             next_offset = int(chunk.next_offsets[-1])
             position = int(chunk.file_positions[-1] + chunk.sizes[-1])
+            last = int(chunk.file_positions[-1])
         self._tail = (position, next_offset)
+        if last >= 0:
+            self._tail_history[next_offset] = (position, last, self.read(last, 21))
+            while len(self._tail_history) > 8:
+                del self._tail_history[next(iter(self._tail_history))]
         return next_offset
 
     def position_hint(self, offset: int) -> int | None:
-        """The file position where ``offset`` starts, if a previous end-offset scan stopped
-        exactly there (lets a replay continue without an index lookup)."""
-        if self._tail is not None and self._tail[1] == offset and self._tail[0] <= self.size:
-            return self._tail[0]
-        return None
+        """The file position where ``offset`` starts, if one of the last end-offset scans
+        stopped exactly there and the batch before it is still the same (a truncation and
+        new appends may have put other batches there: then None). A replay of what a live
+        broker appended since continues from there, without an index lookup."""
+        known = self._tail_history.get(offset)
+        if known is None or known[0] > self.size:
+            return None
+        position, last, mark = known
+        if self.read(last, 21) != mark:
+            self._tail_history = {}
+            self._tail = None
+            return None
+        return position
 
     def first_batch(self) -> Batches | None:
         if self.size == 0:
@@ -526,6 +542,7 @@ class LogSegment:
         if truncated:
             self.truncate_log_file(valid)
         self._tail = None
+        self._tail_history = {}
         return truncated
 
     def truncate_log_file(self, size: int) -> None:
@@ -553,6 +570,7 @@ class LogSegment:
         self._indexer = None  # the running maximum is read again from the time index
         self._max_ts_cache = None
         self._tail = None
+        self._tail_history = {}
         return removed
 
     def on_become_inactive(self) -> None:

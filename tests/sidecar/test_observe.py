@@ -316,13 +316,6 @@ def _thread_rchar() -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/thread-self/io").exists(), reason="needs Linux's /proc/thread-self/io")
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine: LogCleanerManager._producer_facts replays a live log's new batches through "
-    "Log.iter_batches(offset), which seeks with the segment's in-memory offset index loaded when "
-    "the sidecar first opened the active segment; the broker's later index entries are never seen, "
-    "so every scan re-reads the active segment from that old position (O(active segment) per scan)",
-)
 def test_a_scan_after_an_append_reads_little_more_than_the_appended_bytes(tmp_path: Path, make_log_dir) -> None:
     """What the thread really reads (``rchar``: every read(2)/pread(2)), not only what the
     facts cache counts: after an append, a scan reads the appended bytes a few times
@@ -342,11 +335,6 @@ def test_a_scan_after_an_append_reads_little_more_than_the_appended_bytes(tmp_pa
     broker.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cleaner/segment_facts.py: FactsCache keys a closed segment by (inode, mtime) and an active one by "
-    "inode only, so the segment that just stopped being active counts as changed and is read again in full",
-)
 def test_a_rolled_segment_is_not_read_again(tmp_path: Path, make_log_dir) -> None:
     """The issue: 'a closed segment that has not changed since the last scan is not read
     again'. Rolling does not change the old active segment's .log file."""
@@ -364,12 +352,6 @@ def test_a_rolled_segment_is_not_read_again(tmp_path: Path, make_log_dir) -> Non
     broker.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cleaner/segment_facts.py: FactsCache continues an active segment from the size it last scanned "
-    "whenever the file is larger, without checking that the bytes before it are still the ones it read; a "
-    "truncation followed by appends past the old size between two scans leaves wrong record and tombstone counts",
-)
 def test_facts_follow_a_truncation_and_regrowth_between_two_scans(tmp_path: Path, make_log_dir) -> None:
     data = make_log_dir(topics=1, partitions=1, compression="none")
     policy = write_policy(tmp_path / "policy.yaml")
