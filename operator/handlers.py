@@ -51,7 +51,7 @@ from compaction_operator.injection import (
     template_patch,
 )
 from compaction_operator.kube import GROUP, PLURAL, VERSION, ApiException, Kube, load_config
-from compaction_operator.scrape import fetch_reports
+from compaction_operator.scrape import fetch_reports, pod_address
 from compaction_operator.settings import OperatorConfig
 from compaction_operator.status import BrokerPod, Outcome, OutcomeKind, build_status, status_patch
 from compaction_operator.webhook import choose_policy, webhook_server
@@ -411,7 +411,7 @@ class Operator:
             if found is not None:
                 port = next((p.get("containerPort") for p in found[1].get("ports") or []
                              if p.get("name") == PORT_NAME), None)
-            pods.append(BrokerPod(name=meta["name"], ip=status.get("podIP") or None, has_sidecar=found is not None,
+            pods.append(BrokerPod(name=meta["name"], ip=pod_address(status), has_sidecar=found is not None,
                                   sidecar_hash=(meta.get("annotations") or {}).get(SIDECAR_HASH_ANNOTATION),
                                   port=port))
         return pods
@@ -541,7 +541,11 @@ def _register_reconciliation(registry: kopf.OperatorRegistry, op: Operator) -> N
         except ApiException as exc:
             raise kopf.TemporaryError(f"Kubernetes API error {exc.status} {exc.reason}", delay=5) from exc
 
-    @kopf.daemon(*resource, id="report", cancellation_timeout=10.0, registry=registry)
+    # A round in progress when the policy is deleted (or the operator stops) finishes first:
+    # kopf sets ``stopped`` and waits up to ``cancellation_backoff`` before it cancels the task.
+    # Without it kopf cancels at once, mid-round (a status patch half sent, a thread left behind,
+    # and a "cancelled. Will escalate." warning), whenever the deletion meets a running round.
+    @kopf.daemon(*resource, id="report", cancellation_backoff=10.0, cancellation_timeout=10.0, registry=registry)
     async def report(body: kopf.Body, stopped: kopf.DaemonStopped, logger: logging.Logger, **_: Any) -> None:
         while not stopped:
             try:

@@ -278,8 +278,14 @@ def build_sidecar(policy: Policy, *, image: str, native: bool) -> Sidecar:
             {"name": target.data_volume, "mountPath": target.mount_path,
              "readOnly": policy.mode is Mode.OBSERVE},
         ],
+        # Liveness only. A container's readiness (a native sidecar's too) counts towards the
+        # *pod's* Ready condition: a readiness probe on /readyz (200 once the policy is loaded
+        # and the first scan is done, which takes minutes on a large broker) would keep the
+        # broker out of its Service endpoints and stall the StatefulSet's rolling update, and
+        # a sidecar that cannot read its policy would take a healthy broker out of service.
+        # Whether the sidecars run the current policy and have scanned is the policy's own
+        # Ready condition (from /status), never the broker's.
         "livenessProbe": _probe("/healthz", period=10, failures=6),
-        "readinessProbe": _probe("/readyz", period=10, failures=3),
         "securityContext": security_context(policy),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }

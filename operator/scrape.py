@@ -11,16 +11,33 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import aiohttp
 from compaction_operator.status import BrokerPod, Scrape, parse_report
 
-__all__ = ["MAX_BODY", "fetch_reports", "status_url"]
+__all__ = ["MAX_BODY", "fetch_reports", "pod_address", "status_url"]
 
 #: A v1 report stays under 64 KiB; anything much larger is not one.
 MAX_BODY = 1024 * 1024
 #: Sidecars pulled at once, per policy.
 CONCURRENCY = 32
+
+
+def pod_address(pod_status: Mapping[str, Any]) -> str | None:
+    """The address of a pod's sidecar: ``status.podIP``, except that an IPv4 address from
+    ``status.podIPs`` is preferred. The sidecar is told to listen on ``0.0.0.0`` and cannot
+    listen on IPv6 (its HTTP server is IPv4 only), so on a dual-stack cluster whose first
+    family is IPv6 the pod's IPv4 address is the one that answers."""
+    primary = pod_status.get("podIP") or None
+    candidates = [primary, *(entry.get("ip") for entry in pod_status.get("podIPs") or [] if isinstance(entry, Mapping))]
+    for ip in candidates:
+        try:
+            if ip and isinstance(ipaddress.ip_address(ip), ipaddress.IPv4Address):
+                return str(ip)
+        except ValueError:
+            continue
+    return primary
 
 
 def status_url(ip: str, port: int) -> str:

@@ -323,8 +323,14 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
     never = sorted(name for name, e in brokers.items() if not _has_report(e) and not _is_stale(e))
     broken = sorted(name for name, e in live.items()
                     if e.get("deadThreads", 0) > 0 or e.get("state") == "error")
+    # Every policy file the operator writes carries metadata.generation, so a report without a
+    # policyGeneration comes from a sidecar that has not loaded the policy (yet): behind too.
     behind = sorted(name for name, e in live.items()
-                    if e.get("policyGeneration") is not None and e["policyGeneration"] < generation)
+                    if e.get("policyGeneration") is None or e["policyGeneration"] < generation)
+    # Answering, but before its first scan (scannedAt null): nothing to report yet. The first
+    # scan of a large broker takes minutes; until it ends the policy is not Ready (the sidecar's
+    # own /readyz says the same, but it must not gate the broker pod: see injection.py).
+    unscanned = sorted(name for name, e in live.items() if not e.get("scannedAt"))
 
     # -- top partitions --------------------------------------------------------------------
     answered = {name for name, e in brokers.items() if e.get("missedReports", 1) == 0 and scrapes is not None}
@@ -393,6 +399,8 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
             waiting = ("AwaitingReports", f"waiting for the first report of {_names(never)}")
         elif behind and not paused:
             waiting = ("AwaitingPolicy", f"{_names(behind)} not yet running policy generation {generation}")
+        elif unscanned:
+            waiting = ("AwaitingReports", f"waiting for the first scan of {_names(unscanned)}")
         if paused:
             put("Reconciling", False, outcome.reason, outcome.message)
         elif waiting is not None and not stale:

@@ -20,11 +20,11 @@ import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import fakekube as fakekube_module
 import kubernetes
 import pytest
 import yaml
 from fakekube import FakeKube, RequestInfo, RunningFakeKube, running_fakekube
+from operator_helpers import Cluster
 
 
 @pytest.fixture
@@ -61,39 +61,19 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "compactionpolicy.yaml"
 
 
-def _exclusive_bounds_as_draft7(node: Any) -> Any:
-    """OpenAPI 3.0's boolean ``exclusiveMinimum: true`` (+ ``minimum``) as JSON Schema draft 7's
-    numeric ``exclusiveMinimum``, recursively."""
-    if isinstance(node, list):
-        return [_exclusive_bounds_as_draft7(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: (v if k in ("default", "enum", "example") else _exclusive_bounds_as_draft7(v))
-           for k, v in node.items()}
-    for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
-        if out.get(exclusive) is True and bound in out:
-            out[exclusive] = out.pop(bound)
-        elif isinstance(out.get(exclusive), bool):
-            out.pop(exclusive)
-    return out
-
-
 @pytest.fixture
-def compactionpolicy_crd(fakekube: RunningFakeKube, kube_client: kubernetes.client.ApiClient,
-                         monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """crds/compactionpolicy.yaml, registered in the emulator (returns the CRD).
-
-    Works around a fakekube bug: it hands OpenAPI 3.0's boolean ``exclusiveMinimum: true`` to a
-    draft-7 validator, which reads it as ``exclusiveMinimum: 1``, so every CompactionPolicy
-    (``cleaner.dedupeBufferLoadFactor`` defaults to 0.9, with ``exclusiveMinimum: true``) would
-    be rejected with 422. The fix belongs in fakekube's ``_as_json_schema``.
-    """
-    original = fakekube_module._as_json_schema
-    monkeypatch.setattr(fakekube_module, "_as_json_schema",
-                        lambda node: original(_exclusive_bounds_as_draft7(node)))
+def compactionpolicy_crd(fakekube: RunningFakeKube, kube_client: kubernetes.client.ApiClient) -> dict[str, Any]:
+    """crds/compactionpolicy.yaml, registered in the emulator (returns the CRD)."""
     crd = yaml.safe_load(CRD_PATH.read_text())
     kubernetes.client.ApiextensionsV1Api(kube_client).create_custom_resource_definition(crd)
     return crd
+
+
+@pytest.fixture
+def cluster(fakekube: RunningFakeKube, kube_client: kubernetes.client.ApiClient,
+            compactionpolicy_crd: dict[str, Any]) -> Cluster:
+    """The test's view of the emulator with the CRD registered (calls as the user ``test``)."""
+    return Cluster(fakekube, kube_client)
 
 
 # ---------------------------------------------------------------------------------------------

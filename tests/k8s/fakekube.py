@@ -385,24 +385,50 @@ def prune_and_default(value: Any, schema: Mapping[str, Any]) -> Any:
     return out
 
 
-def _as_json_schema(node: Any) -> Any:
-    """The Kubernetes dialect of OpenAPI v3 as plain JSON Schema: spell out ``nullable`` and
-    ``x-kubernetes-int-or-string``, which JSON Schema does not know."""
+#: Keywords whose value is data (an instance), never a schema: left as they are.
+_DATA_KEYWORDS = frozenset({"default", "enum", "example", "const"})
+#: Keywords whose value maps names (of properties, of definitions) to schemas.
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "definitions", "$defs"})
+
+
+def as_json_schema(node: Any) -> Any:
+    """The Kubernetes dialect of OpenAPI v3 as plain JSON Schema (draft 7), recursively.
+
+    Spelled out: ``nullable`` and ``x-kubernetes-int-or-string``, which JSON Schema does not
+    know, and the draft-4 style boolean ``exclusiveMinimum``/``exclusiveMaximum`` of OpenAPI
+    3.0 (``minimum: 0, exclusiveMinimum: true`` means "> 0"), which draft 7 spells as a number
+    (``exclusiveMinimum: 0``). Left as a boolean, a draft-7 validator would read ``true`` as the
+    number 1 (and ``false`` as 0), rejecting valid objects.
+    """
     if isinstance(node, list):
-        return [_as_json_schema(n) for n in node]
+        return [as_json_schema(n) for n in node]
     if not isinstance(node, dict):
         return node
-    out = {k: (v if k in ("default", "enum", "example") else _as_json_schema(v)) for k, v in node.items()}
+    out: Obj = {}
+    for key, value in node.items():
+        if key in _DATA_KEYWORDS:
+            out[key] = value
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: as_json_schema(sub) for name, sub in value.items()}
+        else:
+            out[key] = as_json_schema(value)
     if out.get("nullable") and isinstance(out.get("type"), str):
         out["type"] = [out["type"], "null"]
     if out.get("x-kubernetes-int-or-string") and "anyOf" not in out:
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        flag = out.get(exclusive)
+        if not isinstance(flag, bool):
+            continue  # absent, or already draft 7's number
+        del out[exclusive]
+        if flag and bound in out:
+            out[exclusive] = out.pop(bound)
     return out
 
 
 def schema_errors(body: Obj, schema: Mapping[str, Any]) -> list[str]:
     """Validation failures of ``body`` as ``path: message`` lines (empty when valid)."""
-    validator = jsonschema.Draft7Validator(_as_json_schema(dict(schema)))
+    validator = jsonschema.Draft7Validator(as_json_schema(dict(schema)))
     errors = sorted(validator.iter_errors(body), key=lambda e: list(map(str, e.absolute_path)))
     return [f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: Invalid value: {e.message}" for e in errors]
 

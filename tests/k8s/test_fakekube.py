@@ -24,9 +24,11 @@ from fakekube import (
     RequestRecord,
     RunningFakeKube,
     ServerVersion,
+    as_json_schema,
     prune_and_default,
     resolve_request,
     running_fakekube,
+    schema_errors,
     strategic_merge_patch,
 )
 from kubernetes.client import (
@@ -431,6 +433,60 @@ def test_crd_registration_prunes_defaults_and_validates(
     assert fakekube.server.objects(f"{G}/{V}", P) == []
     bad = WIDGET_CRD | {"metadata": {"name": "wrong.name"}}
     assert api_error(lambda: crds.create_custom_resource_definition(bad)).status == 422
+
+
+def test_openapi_exclusive_bounds_are_draft_4_booleans() -> None:
+    """OpenAPI 3.0 (so a CRD) says ``minimum: 0, exclusiveMinimum: true`` for "> 0"; JSON Schema
+    draft 7 says ``exclusiveMinimum: 0``. A boolean handed to a draft-7 validator as is would
+    read as the number 1 (or 0 for ``false``)."""
+    schema = {"type": "object", "properties": {
+        "ratio": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1, "default": 0.9},
+        "rate": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "nullable": True},
+        "below": {"type": "integer", "maximum": 10, "exclusiveMaximum": True},
+        "closed": {"type": "integer", "minimum": 5, "exclusiveMinimum": False},
+        # Property names that are also keywords stay property names.
+        "exclusiveMinimum": {"type": "boolean"}, "default": {"type": "object", "properties": {
+            "n": {"type": "number", "minimum": 2, "exclusiveMinimum": True}}}}}
+    converted = as_json_schema(schema)["properties"]
+    assert converted["ratio"] == {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 0.9}
+    assert converted["closed"] == {"type": "integer", "minimum": 5}
+    assert converted["exclusiveMinimum"] == {"type": "boolean"}
+    assert converted["default"]["properties"]["n"] == {"type": "number", "exclusiveMinimum": 2}
+
+    def errors(**value: Any) -> list[str]:
+        return schema_errors(value, schema)
+
+    assert errors(ratio=0.9, rate=None, below=9, closed=5, exclusiveMinimum=True, default={"n": 2.5}) == []
+    assert errors(ratio=1) == [] and errors(rate=0.001) == []
+    for bad in ({"ratio": 0}, {"ratio": -0.1}, {"ratio": 1.01}, {"rate": 0}, {"below": 10}, {"closed": 4},
+                {"default": {"n": 2}}):
+        [error] = errors(**bad)
+        assert error.startswith(next(iter(bad))), error
+
+
+def test_the_compaction_policy_crd_admits_valid_policies(
+        compactionpolicy_crd: dict[str, Any], kube_client: kubernetes.client.ApiClient) -> None:
+    """The project's CRD through the emulator: ``cleaner.dedupeBufferLoadFactor`` (> 0, <= 1,
+    default 0.9) and ``maxIoBytesPerSecond`` (> 0 or null) as a real API server judges them."""
+    policies = CustomObjectsApi(kube_client)
+    g, v, p = "kafkacleaner.io", "v1alpha1", "compactionpolicies"
+
+    def create(name: str, **cleaner: Any) -> dict[str, Any]:
+        return policies.create_namespaced_custom_object(g, v, "default", p, {
+            "apiVersion": f"{g}/{v}", "kind": "CompactionPolicy", "metadata": {"name": name},
+            "spec": {"cleaner": cleaner}})
+
+    assert create("defaults")["spec"]["cleaner"]["dedupeBufferLoadFactor"] == 0.9
+    assert create("explicit", dedupeBufferLoadFactor=0.9)["spec"]["cleaner"]["dedupeBufferLoadFactor"] == 0.9
+    assert create("full", dedupeBufferLoadFactor=1, maxIoBytesPerSecond=None)["spec"]["cleaner"][
+        "dedupeBufferLoadFactor"] == 1
+    assert create("throttled", maxIoBytesPerSecond=0.5)["spec"]["cleaner"]["maxIoBytesPerSecond"] == 0.5
+    for name, cleaner, field in (("zero", {"dedupeBufferLoadFactor": 0}, "dedupeBufferLoadFactor"),
+                                 ("over", {"dedupeBufferLoadFactor": 1.5}, "dedupeBufferLoadFactor"),
+                                 ("unthrottled", {"maxIoBytesPerSecond": 0}, "maxIoBytesPerSecond")):
+        error = api_error(lambda n=name, c=cleaner: create(n, **c))
+        assert error.status == 422, error
+        assert f"spec.cleaner.{field}" in json.loads(error.body)["message"]
 
 
 def test_prune_and_default_follow_the_structural_rules() -> None:

@@ -2,188 +2,46 @@
 fakekube, with the project's CRD. Each test ends by checking every API call the operator made
 against the RBAC rules of the Helm chart.
 
-Not here yet (a later stage, with the real sidecar): a ``kafka-cleaner sidecar`` serving
-``/status`` on loopback, so that the policy becomes Ready with real reports.
+Here the sidecar is the injected container only (a port where nothing answers, or the webhook's
+patch); test_operator_sidecar_e2e.py runs the real ``kafka-cleaner sidecar`` behind the pod.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
-import copy
 import json
 import pathlib
-import socket
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jsonpatch
-import kopf
-import kopf.testing
-import kubernetes
 import pytest
 from compaction_operator import metrics
-from compaction_operator.handlers import WEBHOOK_ID, build_registry, build_settings
-from compaction_operator.injection import POLICY_ANNOTATION, POLICY_VOLUME, SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION
-from compaction_operator.settings import OperatorConfig
+from compaction_operator.handlers import WEBHOOK_ID
+from compaction_operator.injection import POLICY_ANNOTATION, SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION
 from fakekube import RunningFakeKube
-from kubernetes.client import AppsV1Api, CoreV1Api, CustomObjectsApi
-from kubernetes.client.exceptions import ApiException
+from operator_helpers import (
+    IMAGE,
+    NS,
+    Cluster,
+    G,
+    P,
+    V,
+    broker_statefulset,
+    canonical,
+    free_port,
+    pod_of,
+    policy,
+    running_operator,
+    scrape_metrics,
+    sts_target,
+    wait_for,
+    without_injection,
+)
 
 from cleaner.config import load_policy, parse_policy
-
-G, V, P = "kafkacleaner.io", "v1alpha1", "compactionpolicies"
-NS = "default"
-IMAGE = "registry.example/kafka-cleaner:e2e"
-
-
-def free_port() -> int:
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 45.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-            if last:
-                return last
-        except (ApiException, KeyError, IndexError, TypeError):
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}; last: {last!r}")
-
-
-@contextlib.contextmanager
-def running_operator(**config: Any) -> Iterator[kopf.testing.KopfRunner]:
-    """The operator (this project's registry and settings) in kopf's test runner; its log is
-    checked for tracebacks, errors and warnings when it stops."""
-    operator_config = OperatorConfig(sidecar_image=IMAGE, http_port=0, scrape_timeout=1.0, **config)
-    settings = build_settings(operator_config)
-    settings.watching.server_timeout = 10
-    args = ["run", "--standalone", "--all-namespaces", "--verbose"]
-    with kopf.testing.KopfRunner(args, registry=build_registry(operator_config), settings=settings,
-                                 timeout=30) as runner:
-        yield runner
-    assert runner.exception is None and runner.exit_code == 0, runner.output
-    assert "Traceback" not in runner.output, runner.output
-    noise = ("OS signals are ignored",)
-    bad = [line for line in runner.output.splitlines()
-           if ("WARNING" in line or "ERROR" in line) and not any(n in line for n in noise)]
-    assert bad == [], "\n".join(bad)
-
-
-def broker_statefulset(name: str = "broker") -> dict[str, Any]:
-    """A broker StatefulSet as a Kafka chart writes it: the broker and a JMX exporter, an init
-    container, a config volume and the data volume from a claim template."""
-    kafka = {"name": "kafka", "image": "apache/kafka:4.0.0",
-             "env": [{"name": "KAFKA_NODE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
-             "ports": [{"containerPort": 9092, "name": "client"}],
-             "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},
-             "volumeMounts": [{"name": "data", "mountPath": "/var/lib/kafka"},
-                              {"name": "config", "mountPath": "/opt/kafka/config"}]}
-    exporter = {"name": "jmx-exporter", "image": "bitnami/jmx-exporter:1.0.1",
-                "ports": [{"containerPort": 9404, "name": "metrics"}]}
-    init = {"name": "prepare-config", "image": "busybox:1.36", "command": ["sh", "-c", "true"]}
-    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name}, "spec": {
-        "serviceName": name, "replicas": 1, "selector": {"matchLabels": {"app": name}},
-        "template": {"metadata": {"labels": {"app": name}, "annotations": {"checksum/config": "abc"}},
-                     "spec": {"initContainers": [init], "containers": [kafka, exporter],
-                              "volumes": [{"name": "config", "configMap": {"name": f"{name}-config"}}]}},
-        "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {
-            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}}}]}}
-
-
-def policy(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": f"{G}/{V}", "kind": "CompactionPolicy", "metadata": {"name": name}, "spec": spec}
-
-
-def sts_target(sts: str = "broker") -> dict[str, Any]:
-    return {"statefulSet": sts, "dataVolume": "data", "mountPath": "/var/lib/kafka", "logDirs": ["data"]}
-
-
-def pod_of(sts: dict[str, Any], ordinal: int) -> dict[str, Any]:
-    """The pod the StatefulSet controller would create from the current template (fakekube runs
-    no controllers)."""
-    template = copy.deepcopy(sts["spec"]["template"])
-    name = f"{sts['metadata']['name']}-{ordinal}"
-    spec = template["spec"]
-    spec["volumes"] = [*spec.get("volumes", []),
-                       *({"name": t["metadata"]["name"],
-                          "persistentVolumeClaim": {"claimName": f"{t['metadata']['name']}-{name}"}}
-                         for t in sts["spec"].get("volumeClaimTemplates", []))]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {
-        "name": name, "labels": template["metadata"].get("labels", {}),
-        "annotations": template["metadata"].get("annotations", {}),
-        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts["metadata"]["name"],
-                             "uid": sts["metadata"]["uid"], "controller": True}]}, "spec": spec}
-
-
-def without_injection(template: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(template)
-    spec = out["spec"]
-    for key in ("initContainers", "containers"):
-        if key in spec:
-            spec[key] = [c for c in spec[key] if c["name"] != SIDECAR_CONTAINER]
-    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] != POLICY_VOLUME]
-    for key in (SIDECAR_HASH_ANNOTATION, POLICY_ANNOTATION):
-        out["metadata"].get("annotations", {}).pop(key, None)
-    return out
-
-
-def canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
-
-
-class Cluster:
-    """The test's view of the cluster (calls as the user ``test``)."""
-
-    def __init__(self, kube: RunningFakeKube, client: kubernetes.client.ApiClient) -> None:
-        self.kube, self.custom = kube, CustomObjectsApi(client)
-        self.apps, self.core = AppsV1Api(client), CoreV1Api(client)
-
-    def sts(self, name: str = "broker") -> dict[str, Any]:
-        obj = self.kube.server.read("apps/v1", "statefulsets", name, NS)
-        assert obj is not None
-        return obj
-
-    def policy(self, name: str) -> dict[str, Any] | None:
-        return self.kube.server.read(f"{G}/{V}", P, name, NS)
-
-    def status(self, name: str) -> dict[str, Any]:
-        obj = self.policy(name)
-        return (obj or {}).get("status") or {}
-
-    def condition(self, name: str, type_: str) -> dict[str, Any]:
-        return next((c for c in self.status(name).get("conditions", []) if c["type"] == type_), {})
-
-    def configmap(self, name: str) -> dict[str, Any] | None:
-        return self.kube.server.read("v1", "configmaps", name, NS)
-
-    def patch_spec(self, name: str, spec: dict[str, Any]) -> int:
-        obj = self.custom.patch_namespaced_custom_object(G, V, NS, P, name, {"spec": spec})
-        return int(obj["metadata"]["generation"])
-
-    def events(self) -> list[tuple[str, str, str]]:
-        return [(e["involvedObject"]["kind"], e["reason"], e.get("message", ""))
-                for e in self.kube.server.objects("v1", "events", NS)]
-
-
-@pytest.fixture
-def cluster(fakekube: RunningFakeKube, kube_client: kubernetes.client.ApiClient,
-            compactionpolicy_crd: dict[str, Any]) -> Cluster:
-    return Cluster(fakekube, kube_client)
-
-
-def scrape_metrics(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return response.read().decode()
-
 
 # -------------------------------------------------------------------------------------------
 # The StatefulSet injection, from create to delete

@@ -106,7 +106,7 @@ def test_sidecar_command_line_and_mounts() -> None:
         in c["env"]
     assert c["ports"] == [{"name": "cleaner-metrics", "containerPort": 9555, "protocol": "TCP"}]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert "readinessProbe" not in c and "startupProbe" not in c  # the broker pod's readiness is the broker's
     assert c["volumeMounts"] == [
         {"name": POLICY_VOLUME, "mountPath": "/etc/kafka-cleaner", "readOnly": True},
         {"name": "data-0", "mountPath": "/var/lib/kafka/data-0", "readOnly": True},

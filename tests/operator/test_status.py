@@ -213,6 +213,35 @@ def test_brokers_running_an_older_policy_are_awaited() -> None:
     assert condition(status, "Ready")["status"] == "True"
 
 
+def test_a_sidecar_without_a_policy_or_a_scan_keeps_the_policy_not_ready(validate_status: Validate) -> None:
+    """The sidecar answers /status as soon as it listens: before it has read the policy file
+    (``policyGeneration: null``) and before its first scan ends (``scannedAt: null``, no
+    partitions). Neither is a report of the current policy: Ready waits (the broker pod's
+    readiness does not, see test_injection)."""
+    no_policy = ok("kafka-0", policyGeneration=None, scannedAt=None, partitions=0, topics=[], logDirs=[],
+                   errors=[{"at": "2026-11-21T09:59:00Z", "logDir": None, "partition": None,
+                            "message": "policy: /etc/kafka-cleaner/policy.yaml: No such file or directory"}])
+    status = round_(None, {"kafka-0": no_policy}, names=("kafka-0",), generation=3)
+    validate_status(status)
+    reconciling = condition(status, "Reconciling")
+    assert (reconciling["status"], reconciling["reason"]) == ("True", "AwaitingPolicy")
+    assert condition(status, "Ready")["status"] == "False"
+    assert "policyGeneration" not in status["brokers"]["kafka-0"]
+    assert status["brokers"]["kafka-0"]["message"].startswith("policy: ")
+
+    scanning = ok("kafka-0", scannedAt=None, partitions=0, topics=[], logDirs=[])
+    status = round_(status, {"kafka-0": scanning}, names=("kafka-0",), generation=3)
+    validate_status(status)
+    ready = condition(status, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "AwaitingReports")
+    assert ready["message"] == "waiting for the first scan of kafka-0"
+    assert condition(status, "Reconciling")["status"] == "True"
+
+    status = round_(status, {"kafka-0": ok("kafka-0")}, names=("kafka-0",), generation=3)
+    assert condition(status, "Ready")["status"] == "True"
+    assert condition(status, "Reconciling")["status"] == "False"
+
+
 def test_dead_threads_make_the_policy_degraded() -> None:
     status = round_(None, {"kafka-0": ok("kafka-0", cleaner__deadThreads=1)}, names=("kafka-0",))
     degraded = condition(status, "Degraded")

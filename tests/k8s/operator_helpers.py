@@ -1,0 +1,179 @@
+"""Helpers of the operator's end-to-end tests (tests/k8s/test_operator_*e2e.py): the operator in
+kopf's test runner, the broker StatefulSet and its pods as the StatefulSet controller would
+create them (fakekube runs no controllers), and the test's view of the cluster.
+
+Imported as ``operator_helpers`` (``tests/k8s`` is on ``sys.path``, like ``fakekube``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import socket
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kopf
+import kopf.testing
+import kubernetes
+from compaction_operator.handlers import build_registry, build_settings
+from compaction_operator.injection import POLICY_ANNOTATION, POLICY_VOLUME, SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION
+from compaction_operator.settings import OperatorConfig
+from fakekube import RunningFakeKube
+from kubernetes.client import AppsV1Api, CoreV1Api, CustomObjectsApi
+from kubernetes.client.exceptions import ApiException
+
+G, V, P = "kafkacleaner.io", "v1alpha1", "compactionpolicies"
+NS = "default"
+IMAGE = "registry.example/kafka-cleaner:e2e"
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on (at the time of asking)."""
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 45.0, what: str = "", interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout``
+    seconds with ``what`` and the last value. Lookups that fail (an API error, a missing key)
+    count as "not yet". Generous timeouts: CI machines are small and busy."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except (ApiException, KeyError, IndexError, TypeError):
+            pass
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}; last: {last!r}")
+
+
+@contextlib.contextmanager
+def running_operator(**config: Any) -> Iterator[kopf.testing.KopfRunner]:
+    """The operator (this project's registry and settings) in kopf's test runner; its log is
+    checked for tracebacks, errors and warnings when it stops."""
+    operator_config = OperatorConfig(sidecar_image=IMAGE, http_port=0, scrape_timeout=1.0, **config)
+    settings = build_settings(operator_config)
+    settings.watching.server_timeout = 10
+    args = ["run", "--standalone", "--all-namespaces", "--verbose"]
+    with kopf.testing.KopfRunner(args, registry=build_registry(operator_config), settings=settings,
+                                 timeout=30) as runner:
+        yield runner
+    assert runner.exception is None and runner.exit_code == 0, runner.output
+    assert "Traceback" not in runner.output, runner.output
+    noise = ("OS signals are ignored",)
+    bad = [line for line in runner.output.splitlines()
+           if ("WARNING" in line or "ERROR" in line) and not any(n in line for n in noise)]
+    assert bad == [], "\n".join(bad)
+
+
+def broker_statefulset(name: str = "broker") -> dict[str, Any]:
+    """A broker StatefulSet as a Kafka chart writes it: the broker and a JMX exporter, an init
+    container, a config volume and the data volume from a claim template."""
+    kafka = {"name": "kafka", "image": "apache/kafka:4.0.0",
+             "env": [{"name": "KAFKA_NODE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+             "ports": [{"containerPort": 9092, "name": "client"}],
+             "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},
+             "volumeMounts": [{"name": "data", "mountPath": "/var/lib/kafka"},
+                              {"name": "config", "mountPath": "/opt/kafka/config"}]}
+    exporter = {"name": "jmx-exporter", "image": "bitnami/jmx-exporter:1.0.1",
+                "ports": [{"containerPort": 9404, "name": "metrics"}]}
+    init = {"name": "prepare-config", "image": "busybox:1.36", "command": ["sh", "-c", "true"]}
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name}, "spec": {
+        "serviceName": name, "replicas": 1, "selector": {"matchLabels": {"app": name}},
+        "template": {"metadata": {"labels": {"app": name}, "annotations": {"checksum/config": "abc"}},
+                     "spec": {"initContainers": [init], "containers": [kafka, exporter],
+                              "volumes": [{"name": "config", "configMap": {"name": f"{name}-config"}}]}},
+        "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {
+            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}}}]}}
+
+
+def policy(name: str, **spec: Any) -> dict[str, Any]:
+    """A CompactionPolicy manifest."""
+    return {"apiVersion": f"{G}/{V}", "kind": "CompactionPolicy", "metadata": {"name": name}, "spec": spec}
+
+
+def sts_target(sts: str = "broker") -> dict[str, Any]:
+    """``spec.target`` for :func:`broker_statefulset`."""
+    return {"statefulSet": sts, "dataVolume": "data", "mountPath": "/var/lib/kafka", "logDirs": ["data"]}
+
+
+def pod_of(sts: dict[str, Any], ordinal: int) -> dict[str, Any]:
+    """The pod the StatefulSet controller would create from the current template (fakekube runs
+    no controllers)."""
+    template = copy.deepcopy(sts["spec"]["template"])
+    name = f"{sts['metadata']['name']}-{ordinal}"
+    spec = template["spec"]
+    spec["volumes"] = [*spec.get("volumes", []),
+                       *({"name": t["metadata"]["name"],
+                          "persistentVolumeClaim": {"claimName": f"{t['metadata']['name']}-{name}"}}
+                         for t in sts["spec"].get("volumeClaimTemplates", []))]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": name, "labels": template["metadata"].get("labels", {}),
+        "annotations": template["metadata"].get("annotations", {}),
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts["metadata"]["name"],
+                             "uid": sts["metadata"]["uid"], "controller": True}]}, "spec": spec}
+
+
+def without_injection(template: dict[str, Any]) -> dict[str, Any]:
+    """A pod template without what the operator injects (to compare with the original)."""
+    out = copy.deepcopy(template)
+    spec = out["spec"]
+    for key in ("initContainers", "containers"):
+        if key in spec:
+            spec[key] = [c for c in spec[key] if c["name"] != SIDECAR_CONTAINER]
+    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] != POLICY_VOLUME]
+    for key in (SIDECAR_HASH_ANNOTATION, POLICY_ANNOTATION):
+        out["metadata"].get("annotations", {}).pop(key, None)
+    return out
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+class Cluster:
+    """The test's view of the cluster (calls as the user ``test``)."""
+
+    def __init__(self, kube: RunningFakeKube, client: kubernetes.client.ApiClient) -> None:
+        self.kube, self.custom = kube, CustomObjectsApi(client)
+        self.apps, self.core = AppsV1Api(client), CoreV1Api(client)
+
+    def sts(self, name: str = "broker") -> dict[str, Any]:
+        obj = self.kube.server.read("apps/v1", "statefulsets", name, NS)
+        assert obj is not None
+        return obj
+
+    def policy(self, name: str) -> dict[str, Any] | None:
+        return self.kube.server.read(f"{G}/{V}", P, name, NS)
+
+    def status(self, name: str) -> dict[str, Any]:
+        obj = self.policy(name)
+        return (obj or {}).get("status") or {}
+
+    def condition(self, name: str, type_: str) -> dict[str, Any]:
+        return next((c for c in self.status(name).get("conditions", []) if c["type"] == type_), {})
+
+    def configmap(self, name: str) -> dict[str, Any] | None:
+        return self.kube.server.read("v1", "configmaps", name, NS)
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> int:
+        obj = self.custom.patch_namespaced_custom_object(G, V, NS, P, name, {"spec": spec})
+        return int(obj["metadata"]["generation"])
+
+    def events(self) -> list[tuple[str, str, str]]:
+        return [(e["involvedObject"]["kind"], e["reason"], e.get("message", ""))
+                for e in self.kube.server.objects("v1", "events", NS)]
+
+
+def scrape_metrics(port: int) -> str:
+    """The text of an operator's ``/metrics`` on a loopback port."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return response.read().decode()
