@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -396,7 +397,7 @@ class Sidecar:
     # -- running ---------------------------------------------------------------------------
     def serve(self) -> tuple[str, int]:
         """Start the HTTP server; returns the address it listens on."""
-        self._server = ThreadingHTTPServer(self.options.listen, _handler(self))
+        self._server = _server_class(self.options.listen[0])(self.options.listen, _handler(self))
         self._server.daemon_threads = True
         t = threading.Thread(target=self._server.serve_forever, name="kafka-cleaner-http", daemon=True)
         t.start()
@@ -422,6 +423,18 @@ class Sidecar:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+
+def _server_class(host: str) -> type[ThreadingHTTPServer]:
+    """An IPv6 server for IPv6 hosts (``[::]:9410`` on IPv6-only clusters; ``::`` also
+    accepts IPv4 where the kernel allows dual stack), the stdlib's IPv4 server otherwise."""
+    if ":" not in host:
+        return ThreadingHTTPServer
+
+    class ThreadingHTTPServerV6(ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    return ThreadingHTTPServerV6
 
 
 def _handler(sidecar: Sidecar) -> type[BaseHTTPRequestHandler]:

@@ -129,3 +129,27 @@ def test_the_command_serves_a_valid_status_in_every_mode(tmp_path: Path, make_lo
         families = _families(body)
         assert families["kafka_cleaner_policy_generation"].samples[0].value == 3
         assert proc.terminate()[0] == 0
+
+
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this host")
+def test_serves_on_ipv6(tmp_path: Path, make_log_dir) -> None:
+    """IPv6-only clusters: ``--listen [::]:9410`` must work (the stdlib server is IPv4 only)."""
+    data = make_log_dir(topics=1, partitions=1)
+    sc = new_sidecar(write_policy(tmp_path / "policy.yaml"), [data])
+    sc.options.listen = ("::1", 0)
+    host, port = sc.serve()
+    try:
+        assert http_get(f"http://[{host}]:{port}/healthz")[0] == 200
+    finally:
+        sc.stop()
