@@ -42,6 +42,7 @@ import numpy as np
 
 from cleaner.clock import Time
 from cleaner.errors import (
+    CorruptDataError,
     CorruptRecordError,
     LogCleaningAbortedError,
     LogSegmentOffsetOverflowError,
@@ -187,13 +188,21 @@ class Cleaner:
         log.info("Cleaner %d: Beginning cleaning of log %s", self.id, the_log.name)
         legacy_delete_horizon_ms = legacy_delete_horizon(ltc)
         log.info("Cleaner %d: Building offset map for %s...", self.id, the_log.name)
-        self.build_offset_map(ltc, stats)
-        end_offset = self.offset_map.latest_offset + 1
-        stats.index_done()
-        rnd = Round(ltc, now, end_offset, legacy_delete_horizon_ms, generation, self.offset_map, stats, commit)
-        transactions = CleanedTransactionMetadata()
-        for group in plan_groups(ltc, end_offset):
-            self.clean_segments(rnd, group, transactions)
+        try:
+            self.build_offset_map(ltc, stats)
+            end_offset = self.offset_map.latest_offset + 1
+            stats.index_done()
+            rnd = Round(ltc, now, end_offset, legacy_delete_horizon_ms, generation, self.offset_map, stats, commit)
+            transactions = CleanedTransactionMetadata()
+            for group in plan_groups(ltc, end_offset):
+                self.clean_segments(rnd, group, transactions)
+        except (OSError, CorruptDataError) as e:
+            # A truncation or retention under the clean (segments deleted, files cut short)
+            # shows up as a failed read; it aborts the round, it does not make the partition
+            # uncleanable (Kafka pauses cleaning around those, we notice them afterwards).
+            if the_log.generation != generation:
+                raise LogCleaningAbortedError(f"{the_log.name} changed during the clean ({e})") from e
+            raise
         stats.buffer_utilization = self.offset_map.utilization
         stats.all_done()
         return end_offset, stats

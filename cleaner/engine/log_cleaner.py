@@ -64,6 +64,7 @@ class CleanerThread(threading.Thread):
         self.last_pre_clean_stats = PreCleanStats()
         self.dead = False
         self.idle = False
+        self.chose_a_log = False
         self._shutdown = threading.Event()
 
     def check_done(self, tp: TopicPartition) -> None:
@@ -78,9 +79,13 @@ class CleanerThread(threading.Thread):
         try:
             while not self._shutdown.is_set():
                 cleaned = self.do_work()
-                if self.pool.exit_when_idle and not cleaned and self.pool.manager_idle():
+                # A clean that failed (the partition is now uncleanable) does not mean that
+                # nothing is left: only a round that found nothing eligible does.
+                if self.pool.exit_when_idle and not self.chose_a_log and self.pool.manager_idle():
                     self.idle = True
                     return
+                if self.pool.exit_when_idle and self.chose_a_log:
+                    continue
                 if not cleaned:
                     if self.pool.exit_when_idle:
                         # Another thread is still cleaning: poll for its end (a real wait,
@@ -97,10 +102,12 @@ class CleanerThread(threading.Thread):
     def do_work(self) -> bool:
         manager = self.pool.manager
         cleaned = False
+        self.chose_a_log = False
         try:
             pre = PreCleanStats()
             ltc = manager.grab_filthiest_compacted_log(self.pool.time.milliseconds(), pre)
             if ltc is not None:
+                self.chose_a_log = True
                 self.last_pre_clean_stats = pre
                 managed = manager.logs().get(ltc.topic_partition)
                 try:

@@ -567,6 +567,13 @@ class LogSegment:
         self.txn_index.truncate_to(offset)
         if removed:
             self.truncate_log_file(position)
+        # The index files on disk must follow at once (Kafka truncates its mmapped files):
+        # a stale .txnindex entry above the new end would make a later clean pair a new
+        # ABORT marker with a transaction that no longer exists.
+        self.offset_index.write_to(self.index_path)
+        self.time_index.write_to(self.time_index_path)
+        if self.txn_index.entries or self.txn_index_path.exists():
+            self.txn_index.write_to(self.txn_index_path)
         self._indexer = None  # the running maximum is read again from the time index
         self._max_ts_cache = None
         self._tail = None

@@ -147,9 +147,7 @@ def _records_of(raw: bytes, magic: int) -> tuple[Rec, ...]:
 
     if magic >= 2:
         batch = MemoryRecords(raw).next_batch()
-        return tuple(
-            Rec(r.offset, r.timestamp, r.key, r.value, tuple((k, v) for k, v in r.headers)) for r in batch
-        )
+        return tuple(Rec(r.offset, r.timestamp, r.key, r.value, tuple((k, v) for k, v in r.headers)) for r in batch)
     return tuple(
         Rec(r.offset, -1 if r.timestamp is None else r.timestamp, r.key, r.value) for r in LegacyRecordBatch(raw, magic)
     )
@@ -169,8 +167,22 @@ def read_entries(data: bytes) -> list[DiskBatch]:
             records = _records_of(raw, magic)
             assert len(records) == count, f"recordsCount {count} but {len(records)} records at offset {base}"
             out.append(
-                DiskBatch(raw, base, base + delta, magic, ple, crc, attributes, base_ts, max_ts, pid, epoch, seq,
-                          count, records)
+                DiskBatch(
+                    raw,
+                    base,
+                    base + delta,
+                    magic,
+                    ple,
+                    crc,
+                    attributes,
+                    base_ts,
+                    max_ts,
+                    pid,
+                    epoch,
+                    seq,
+                    count,
+                    records,
+                )
             )
         else:
             crc = struct.unpack_from(">I", raw, 12)[0]

@@ -328,13 +328,6 @@ def _segment_bases(directory: Path) -> list[int]:
         "rewrite",
         pytest.param(
             "map",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="BUG: a truncation that deletes segments the running clean has not read yet "
-                "(here: during the offset map) makes the clean fail with FileNotFoundError; the "
-                "partition is marked uncleanable instead of the clean being aborted (issue 3: 'a "
-                "truncate during a clean aborts that clean'), so no later clean completes",
-            ),
         ),
     ],
 )
@@ -601,12 +594,6 @@ def _policy_file(tmp_path: Path, threads: int) -> Path:
         pytest.param(
             "a",
             id="bad-partition-cleaned-first",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="BUG: with one thread, `clean` stops at the first failed partition: "
-                "CleanerThread.run exits (exit_when_idle) when a clean fails and no other clean "
-                "runs, so the partitions after it are never cleaned",
-            ),
         ),
     ],
 )

@@ -57,8 +57,9 @@ from cleaner.storage.log_dir import LogDirectory
 from cleaner.storage.producer_state import ActiveProducer
 from cleaner.storage.topic_partition import TopicPartition
 
-GZIP, SNAPPY, LZ4, ZSTD = (int(c) for c in (CompressionType.GZIP, CompressionType.SNAPPY, CompressionType.LZ4,
-                                            CompressionType.ZSTD))
+GZIP, SNAPPY, LZ4, ZSTD = (
+    int(c) for c in (CompressionType.GZIP, CompressionType.SNAPPY, CompressionType.LZ4, CompressionType.ZSTD)
+)
 MARKER_VALUE = struct.pack(">hi", 0, 0)  # EndTxnMarker v0, coordinator epoch 0
 
 
@@ -547,8 +548,11 @@ def test_tombstone_in_clean_tail_removed_only_after_its_horizon(partition_dir: P
     old = (NOW - 30 * DAY) / 1000
     os.utime(partition_dir / f"{0:020d}.log", (old, old))
     clean_round(partition_dir, first_dirty=2)  # segments 0 and 1 are the clean tail
-    assert layout(partition_dir)[0] == [D(0, 0, tomb(0, b"a"), horizon=NOW + DAY), D(1, 1, kv(1, b"b")),
-                                        D(2, 2, kv(2, b"c"))]
+    assert layout(partition_dir)[0] == [
+        D(0, 0, tomb(0, b"a"), horizon=NOW + DAY),
+        D(1, 1, kv(1, b"b")),
+        D(2, 2, kv(2, b"c")),
+    ]
 
 
 # ---- transactions (§9.7) ------------------------------------------------------------------
@@ -600,7 +604,10 @@ def test_transaction_marker_lifecycle(partition_dir: Path) -> None:
     end, _ = clean_round(partition_dir, first_dirty=end, first_uncleanable=9, now=h2)
     assert end == 9
     assert layout(partition_dir)[0] == [
-        M(5, "COMMIT", 1), D(6, 6, kv(6, b"x")), D(7, 7, kv(7, b"y")), D(8, 8, kv(8, b"k3"))
+        M(5, "COMMIT", 1),
+        D(6, 6, kv(6, b"x")),
+        D(7, 7, kv(7, b"y")),
+        D(8, 8, kv(8, b"k3")),
     ]
     assert_verbatim(partition_dir, w.written, 5)
 
@@ -612,8 +619,9 @@ def test_transaction_marker_lifecycle(partition_dir: Path) -> None:
     # Round 6: at its horizon the COMMIT goes.
     end, _ = clean_round(partition_dir, first_dirty=end, first_uncleanable=11, now=t5 + DAY)
     assert end == 11
-    assert layout(partition_dir)[0] == [D(o, o, kv(o, k)) for o, k in
-                                        [(6, b"x"), (7, b"y"), (8, b"k3"), (9, b"z"), (10, b"q")]]
+    assert layout(partition_dir)[0] == [
+        D(o, o, kv(o, k)) for o, k in [(6, b"x"), (7, b"y"), (8, b"k3"), (9, b"z"), (10, b"q")]
+    ]
     assert_output_rules(partition_dir, w.written)
 
 
@@ -641,8 +649,11 @@ def test_multi_pass_cleaning_with_aborted_transactions(partition_dir: Path) -> N
     expected_aborted = [(1, 8, 10, 11), (2, 11, 16, 17)]
 
     def aborted() -> list[tuple[int, int, int, int]]:
-        return [(t.producer_id, t.first_offset, t.last_offset, t.last_stable_offset)
-                for s in read_segments(partition_dir) for t in s.aborted]
+        return [
+            (t.producer_id, t.first_offset, t.last_offset, t.last_stable_offset)
+            for s in read_segments(partition_dir)
+            for t in s.aborted
+        ]
 
     def bases() -> list[int]:
         return [b.base_offset for b in all_batches(partition_dir)]
@@ -681,8 +692,9 @@ def test_multi_pass_cleaning_with_aborted_transactions(partition_dir: Path) -> N
     assert by_base[16] == M(16, "ABORT", 2, horizon=NOW + retention)
     assert aborted() == []
 
-    end, _ = clean_round(partition_dir, first_dirty=end, now=NOW + retention, delete_retention_ms=retention,
-                         cleaner=cleaner)
+    end, _ = clean_round(
+        partition_dir, first_dirty=end, now=NOW + retention, delete_retention_ms=retention, cleaner=cleaner
+    )
     assert end == 20
     assert bases() == [0, 2, 4, 6, 7, 13, 15, 17, 19]
     assert offsets() == [0, 2, 4, 5, 6, 7, 13, 15, 17, 18, 19]
@@ -875,7 +887,12 @@ def test_commit_marker_removal(partition_dir: Path) -> None:
     large = 2**62
     end, _ = clean_round(partition_dir, first_dirty=0, first_uncleanable=6, now=large)
     assert [(o, k) for o, k, _ in records_of(b for b in all_batches(partition_dir) if not b.is_control)] == [
-        (0, b"1"), (2, b"3"), (4, b"2"), (6, b"1"), (7, b"3")]
+        (0, b"1"),
+        (2, b"3"),
+        (4, b"2"),
+        (6, b"1"),
+        (7, b"3"),
+    ]
     assert [o for o, _, _ in records_of(all_batches(partition_dir))] == [0, 2, 3, 4, 5, 6, 7, 8]
 
     end, _ = clean_round(partition_dir, first_dirty=end, now=large)
@@ -933,8 +950,9 @@ def test_empty_header_matches_the_spec_test_vector(partition_dir: Path) -> None:
         "000000000000000700010000000400000000"
     )
     w = LogWriter(partition_dir)
-    w.data([b"a", b"b", b"c"], offsets=[10, 11, 12], pid=7, epoch=1, seq=4, timestamps=[1000, 2000, 3000],
-           leader_epoch=0)
+    w.data(
+        [b"a", b"b", b"c"], offsets=[10, 11, 12], pid=7, epoch=1, seq=4, timestamps=[1000, 2000, 3000], leader_epoch=0
+    )
     w.data([b"a", b"b", b"c"])
     w.roll()
     w.close()
@@ -956,8 +974,11 @@ def test_marker_of_producer_whose_last_entry_is_a_marker_kept_empty(partition_di
     active = {1: ActiveProducer(None, 0)}
 
     clean_round(partition_dir, first_dirty=0, now=NOW, active_producers=active)
-    assert layout(partition_dir)[0] == [M(0, "COMMIT", 1, horizon=NOW + DAY), D(1, 1, kv(1, b"2")),
-                                        D(2, 2, kv(2, b"3"))]
+    assert layout(partition_dir)[0] == [
+        M(0, "COMMIT", 1, horizon=NOW + DAY),
+        D(1, 1, kv(1, b"2")),
+        D(2, 2, kv(2, b"3")),
+    ]
     clean_round(partition_dir, first_dirty=0, now=NOW + DAY, active_producers=active)
     assert layout(partition_dir)[0] == [EM(0, 1), D(1, 1, kv(1, b"2")), D(2, 2, kv(2, b"3"))]
     assert len(all_batches(partition_dir)[0].raw) == 61
@@ -1036,8 +1057,11 @@ def test_round_last_batch_kept_empty_when_aborted(partition_dir: Path) -> None:
     w.close()
     end, _ = clean_round(partition_dir, first_dirty=0, first_uncleanable=2)
     assert end == 2
-    assert layout(partition_dir) == {0: [D(0, 0, kv(0, b"a")), E(1, 1, pid=4, epoch=0, seq=0, txn=True)],
-                                     2: [M(2, "ABORT", 4)], 3: []}
+    assert layout(partition_dir) == {
+        0: [D(0, 0, kv(0, b"a")), E(1, 1, pid=4, epoch=0, seq=0, txn=True)],
+        2: [M(2, "ABORT", 4)],
+        3: [],
+    }
 
 
 # ---- keyless records (§9.5) -----------------------------------------------------------------
@@ -1069,8 +1093,15 @@ def test_producer_fields_survive_a_rebuild(partition_dir: Path) -> None:
     base sequence and lastOffsetDelta (so the last sequence stays), codec and leader
     epoch; records keep their offsets, timestamps and headers."""
     w = LogWriter(partition_dir)
-    w.data([b"a", b"b", b"c"], pid=7, epoch=3, seq=10, codec=GZIP, leader_epoch=4,
-           headers=[(("h", b"1"),), (("h", None),), ()])  # 0..2
+    w.data(
+        [b"a", b"b", b"c"],
+        pid=7,
+        epoch=3,
+        seq=10,
+        codec=GZIP,
+        leader_epoch=4,
+        headers=[(("h", b"1"),), (("h", None),), ()],
+    )  # 0..2
     w.data([b"d", b"e", b"f"], pid=8, epoch=1, txn=True, codec=ZSTD)  # 3..5
     w.marker(COMMIT, 8, epoch=1)  # 6
     w.data([b"a", b"f"])  # 7..8: a@0 and f@5 go (first and last records of their batches)
@@ -1209,8 +1240,13 @@ def _legacy_plain(magic: int, rows: list[tuple[int, int, bytes | None, bytes | N
     return bytes(builder.build())
 
 
-def _legacy_wrapper(magic: int, codec: int, rows: list[tuple[int, int, bytes | None, bytes | None]],
-                    *, log_append_time: int | None = None) -> bytes:
+def _legacy_wrapper(
+    magic: int,
+    codec: int,
+    rows: list[tuple[int, int, bytes | None, bytes | None]],
+    *,
+    log_append_time: int | None = None,
+) -> bytes:
     """A compressed wrapper as a broker stores it: offset = last inner offset; inner
     offsets absolute (v0) or relative 0..n-1 (v1)."""
     builder = LegacyRecordBatchBuilder(magic, codec, 1 << 20)
@@ -1234,11 +1270,15 @@ def test_legacy_batches_are_rewritten_as_v2(partition_dir: Path) -> None:
     w = LogWriter(partition_dir)
     w.raw(_legacy_plain(0, [(0, -1, b"a", b"v0")]), next_offset=1)
     w.raw(_legacy_plain(1, [(1, t + 1, b"b", b"v1")]), next_offset=2)
-    w.raw(_legacy_wrapper(1, GZIP, [(2, t + 2, b"a", b"v2"), (3, t + 3, b"c", b"v3"), (4, t + 4, b"b", b"v4")]),
-          next_offset=5)
+    w.raw(
+        _legacy_wrapper(1, GZIP, [(2, t + 2, b"a", b"v2"), (3, t + 3, b"c", b"v3"), (4, t + 4, b"b", b"v4")]),
+        next_offset=5,
+    )
     w.raw(_legacy_wrapper(0, GZIP, [(5, -1, b"d", b"v5"), (6, -1, None, b"v6")]), next_offset=7)
-    w.raw(_legacy_wrapper(1, GZIP, [(7, t + 7, b"e", b"v7"), (8, t + 8, b"f", None)], log_append_time=t + 99),
-          next_offset=9)
+    w.raw(
+        _legacy_wrapper(1, GZIP, [(7, t + 7, b"e", b"v7"), (8, t + 8, b"f", None)], log_append_time=t + 99),
+        next_offset=9,
+    )
     w.data([b"b"])  # 9
     w.roll()
     w.data([b"z"])
@@ -1264,8 +1304,10 @@ def test_legacy_batches_are_rewritten_as_v2(partition_dir: Path) -> None:
 
 def test_legacy_uncompressed_messages_become_one_batch_each(partition_dir: Path) -> None:
     w = LogWriter(partition_dir)
-    w.raw(_legacy_plain(1, [(0, BASE_TS, b"a", b"v0"), (1, BASE_TS + 1, b"b", b"v1"), (2, BASE_TS + 2, b"c", b"v2")]),
-          next_offset=3)
+    w.raw(
+        _legacy_plain(1, [(0, BASE_TS, b"a", b"v0"), (1, BASE_TS + 1, b"b", b"v1"), (2, BASE_TS + 2, b"c", b"v2")]),
+        next_offset=3,
+    )
     w.data([b"b"])  # 3
     w.roll()
     w.data([b"z"])
@@ -1280,8 +1322,12 @@ def test_legacy_wrapper_with_a_full_map(partition_dir: Path) -> None:
     records below the start are not indexed, those past the latest offset are kept, and
     the rewritten v2 batch starts at its first kept record."""
     w = LogWriter(partition_dir)
-    w.raw(_legacy_wrapper(1, GZIP, [(0, BASE_TS, b"a", b"v0"), (1, BASE_TS + 1, b"b", b"v1"),
-                                    (2, BASE_TS + 2, b"c", b"v2")]), next_offset=3)
+    w.raw(
+        _legacy_wrapper(
+            1, GZIP, [(0, BASE_TS, b"a", b"v0"), (1, BASE_TS + 1, b"b", b"v1"), (2, BASE_TS + 2, b"c", b"v2")]
+        ),
+        next_offset=3,
+    )
     w.data([b"a"])  # 3
     w.data([b"b"])  # 4
     w.roll()
@@ -1290,8 +1336,11 @@ def test_legacy_wrapper_with_a_full_map(partition_dir: Path) -> None:
     cleaner = make_cleaner(60, 0.75)  # two keys: b@1, c@2 (wrapper done: latest 2); a@3 does not fit
     end, _ = clean_round(partition_dir, first_dirty=1, cleaner=cleaner)
     assert end == 3
-    assert layout(partition_dir)[0] == [D(0, 2, kv(0, b"a"), kv(1, b"b"), kv(2, b"c"), codec=GZIP),
-                                        D(3, 3, kv(3, b"a")), D(4, 4, kv(4, b"b"))]
+    assert layout(partition_dir)[0] == [
+        D(0, 2, kv(0, b"a"), kv(1, b"b"), kv(2, b"c"), codec=GZIP),
+        D(3, 3, kv(3, b"a")),
+        D(4, 4, kv(4, b"b")),
+    ]
     assert all(b.magic == 2 for b in all_batches(partition_dir))
 
 
@@ -1331,8 +1380,11 @@ def test_legacy_tombstone_follows_the_mtime_rule(partition_dir: Path) -> None:
 
     clean_round(partition_dir, first_dirty=3)
 
-    assert layout(partition_dir)[0] == [D(1, 1, tomb(1, b"b"), horizon=NOW + DAY), D(2, 2, kv(2, b"c")),
-                                        D(3, 3, kv(3, b"d"))]
+    assert layout(partition_dir)[0] == [
+        D(1, 1, tomb(1, b"b"), horizon=NOW + DAY),
+        D(2, 2, kv(2, b"c")),
+        D(3, 3, kv(3, b"d")),
+    ]
 
 
 # ---- the manager: what gets cleaned (§6) -------------------------------------------------------
@@ -1340,8 +1392,9 @@ def test_legacy_tombstone_follows_the_mtime_rule(partition_dir: Path) -> None:
 
 def _policy(**rule: object):
     topic = {"match": ".*", "cleanupPolicy": "compact", **rule}
-    return parse_policy({"mode": "compact", "topics": [topic],
-                         "cleaner": {"dedupeBufferSize": 1 << 20, "backoffMs": 0}})
+    return parse_policy(
+        {"mode": "compact", "topics": [topic], "cleaner": {"dedupeBufferSize": 1 << 20, "backoffMs": 0}}
+    )
 
 
 def _log_dir(tmp_path: Path) -> Path:
@@ -1418,13 +1471,17 @@ def test_clean_writes_the_checkpoint_and_ignores_unmatched_topics(tmp_path: Path
     _set_high_watermark(root, TP, _leo(d))
     _set_high_watermark(root, TopicPartition("other", 0), _leo(other))
     before = {p.name: p.read_bytes() for p in other.iterdir()}
-    policy = parse_policy({"mode": "compact", "topics": [{"match": "topic", "cleanupPolicy": "compact"}],
-                           "cleaner": {"dedupeBufferSize": 1 << 20, "backoffMs": 0}})
+    policy = parse_policy(
+        {
+            "mode": "compact",
+            "topics": [{"match": "topic", "cleanupPolicy": "compact"}],
+            "cleaner": {"dedupeBufferSize": 1 << 20, "backoffMs": 0},
+        }
+    )
     outcome = _run(root, policy)
     assert [r.topic_partition for r in outcome.results] == [TP]
     assert OffsetCheckpointFile(root / "cleaner-offset-checkpoint").read() == {TP: 6}
-    assert layout(d)[0] == [D(1, 1, kv(1, b"b0")), D(3, 3, kv(3, b"b1")), D(4, 4, kv(4, b"a")),
-                            D(5, 5, kv(5, b"b2"))]
+    assert layout(d)[0] == [D(1, 1, kv(1, b"b0")), D(3, 3, kv(3, b"b1")), D(4, 4, kv(4, b"a")), D(5, 5, kv(5, b"b2"))]
     assert {p.name: p.read_bytes() for p in other.iterdir()} == before
 
 
@@ -1452,8 +1509,12 @@ def test_uncleanable_partition_does_not_stop_the_others(tmp_path: Path) -> None:
     assert "magic" in reason.lower(), reason
     assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in bad.iterdir()} == before
     assert [r.topic_partition for r in outcome.results] == [TP]
-    assert layout(good)[0] == [D(1, 1, kv(1, b"b0")), D(3, 3, kv(3, b"b1")), D(4, 4, kv(4, b"a")),
-                               D(5, 5, kv(5, b"b2"))]
+    assert layout(good)[0] == [
+        D(1, 1, kv(1, b"b0")),
+        D(3, 3, kv(3, b"b1")),
+        D(4, 4, kv(4, b"a")),
+        D(5, 5, kv(5, b"b2")),
+    ]
     assert OffsetCheckpointFile(root / "cleaner-offset-checkpoint").read() == {TP: 6}
 
 
@@ -1687,8 +1748,11 @@ def test_round_ends_where_offsets_no_longer_fit_the_map(partition_dir: Path) -> 
     assert records_of(all_batches(partition_dir))[0] == kv(0, b"a")
     end, _ = clean_round(partition_dir, first_dirty=end)
     assert end == 2**32 + 1
-    assert layout(partition_dir) == {0: [E(0, 0)], 2**32: [D(2**32, 2**32, kv(2**32, b"a"))],
-                                     2**32 + 1: [D(2**32 + 1, 2**32 + 1, kv(2**32 + 1, b"z"))]}
+    assert layout(partition_dir) == {
+        0: [E(0, 0)],
+        2**32: [D(2**32, 2**32, kv(2**32, b"a"))],
+        2**32 + 1: [D(2**32 + 1, 2**32 + 1, kv(2**32 + 1, b"z"))],
+    }
 
 
 def test_other_control_records_are_never_removed(partition_dir: Path) -> None:
@@ -1698,8 +1762,11 @@ def test_other_control_records_are_never_removed(partition_dir: Path) -> None:
     from cleaner.records.record import Record
 
     w = LogWriter(partition_dir)
-    leader_change = build_batch([Record(0, BASE_TS, struct.pack(">hh", 0, 2), b"\x00\x00\x00\x00\x00\x07")],
-                                is_control=True, partition_leader_epoch=3)
+    leader_change = build_batch(
+        [Record(0, BASE_TS, struct.pack(">hh", 0, 2), b"\x00\x00\x00\x00\x00\x07")],
+        is_control=True,
+        partition_leader_epoch=3,
+    )
     w.raw(leader_change, next_offset=1)
     w.data([struct.pack(">hh", 0, 2)], [b"data with the same key"])  # 1
     w.data([b"b"])  # 2
@@ -1720,16 +1787,23 @@ def test_abort_marker_without_txn_index_entry(partition_dir: Path) -> None:
 
     w = LogWriter(partition_dir)
     w.data([b"a"], pid=1, txn=True)  # 0
-    w.raw(build_control_batch(ABORT, offset=1, producer_id=1, producer_epoch=0, coordinator_epoch=0,
-                              timestamp=BASE_TS + 1), next_offset=2)  # no txn-index entry
+    w.raw(
+        build_control_batch(
+            ABORT, offset=1, producer_id=1, producer_epoch=0, coordinator_epoch=0, timestamp=BASE_TS + 1
+        ),
+        next_offset=2,
+    )  # no txn-index entry
     w.data([b"b"])  # 2
     w.roll()
     w.data([b"z"])
     w.close()
     assert read_segments(partition_dir)[0].aborted == []
     clean_round(partition_dir, first_dirty=0, now=NOW)
-    assert layout(partition_dir)[0] == [D(0, 0, kv(0, b"a"), pid=1, epoch=0, seq=0, txn=True),
-                                        M(1, "ABORT", 1, horizon=NOW + DAY), D(2, 2, kv(2, b"b"))]
+    assert layout(partition_dir)[0] == [
+        D(0, 0, kv(0, b"a"), pid=1, epoch=0, seq=0, txn=True),
+        M(1, "ABORT", 1, horizon=NOW + DAY),
+        D(2, 2, kv(2, b"b")),
+    ]
     clean_round(partition_dir, first_dirty=0, now=NOW + DAY)
     assert layout(partition_dir)[0] == [D(0, 0, kv(0, b"a"), pid=1, epoch=0, seq=0, txn=True), D(2, 2, kv(2, b"b"))]
 
@@ -1829,8 +1903,7 @@ def test_offset_overflow_in_a_source_segment(partition_dir: Path) -> None:
     for s in read_segments(partition_dir):
         assert all(b.last_offset - s.base_offset <= 2**31 - 1 for b in s.batches), "segment still overflows"
     clean_round(partition_dir, first_dirty=0)
-    assert records_of(all_batches(partition_dir)) == [kv(1, b"b"), (2**31 + 10, b"a", b"late"),
-                                                      kv(2**31 + 100, b"z")]
+    assert records_of(all_batches(partition_dir)) == [kv(1, b"b"), (2**31 + 10, b"a", b"late"), kv(2**31 + 100, b"z")]
 
 
 def test_max_compaction_lag_ignores_batches_without_timestamp(tmp_path: Path) -> None:
@@ -1861,8 +1934,9 @@ def test_the_filthiest_log_is_cleaned_first(tmp_path: Path) -> None:
         d = root / f"topic-{partition}"
         _duplicates_log(d)
         _set_high_watermark(root, TopicPartition("topic", partition), _leo(d))
-        OffsetCheckpointFile(root / "cleaner-offset-checkpoint").update(set={TopicPartition("topic", partition):
-                                                                            checkpoint})
+        OffsetCheckpointFile(root / "cleaner-offset-checkpoint").update(
+            set={TopicPartition("topic", partition): checkpoint}
+        )
     manager = LogCleanerManager([LogDirectory(root)], _policy(minCleanableDirtyRatio=0.01), MockTime(NOW))
     order = []
     while (ltc := manager.grab_filthiest_compacted_log(NOW)) is not None:
@@ -1887,8 +1961,13 @@ def test_partial_clean_through_the_manager_checkpoints_the_map_end(tmp_path: Pat
     _set_high_watermark(root, TP, _leo(d))
     fits = OffsetMap(1024, 0.9).max_keys
     assert fits < 60
-    policy = parse_policy({"mode": "compact", "topics": [{"match": ".*", "cleanupPolicy": "compact"}],
-                           "cleaner": {"dedupeBufferSize": 1024, "backoffMs": 0}})
+    policy = parse_policy(
+        {
+            "mode": "compact",
+            "topics": [{"match": ".*", "cleanupPolicy": "compact"}],
+            "cleaner": {"dedupeBufferSize": 1024, "backoffMs": 0},
+        }
+    )
     outcome = _run(root, policy)
     assert [r.end_offset for r in outcome.results] == [fits]
     assert OffsetCheckpointFile(root / "cleaner-offset-checkpoint").read() == {TP: fits}

@@ -362,12 +362,6 @@ def _run_phase(
 ERRORS = [pytest.param(errno.ENOSPC, id="ENOSPC"), pytest.param(errno.EIO, id="EIO")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: in `clean` (exit_when_idle) a cleaner thread whose clean failed sees "
-    "`not cleaned and manager_idle()` and exits, so the partitions after the failing one are "
-    "never cleaned (CleanerThread.run treats a failed clean like 'nothing left to clean')",
-)
 @pytest.mark.parametrize("code", ERRORS)
 def test_a_fault_in_one_partition_does_not_stop_the_others(one_group: FaultScenario, tmp_path: Path, code: int) -> None:
     """Issue 3: per-partition failures mark the partition uncleanable and never stop the
@@ -473,16 +467,6 @@ def test_a_fault_in_a_later_group_keeps_the_groups_already_swapped_and_every_key
 # -- a crash right after a truncation -----------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Log.truncate_to cuts the .log file on disk at once but truncates the segment's "
-    ".txnindex only in memory (until the segment is flushed): after a crash the index still "
-    "names an aborted transaction whose ABORT marker was truncated away. Kafka truncates the "
-    "file itself (TransactionIndex.truncateTo: channel.truncate). A later clean then treats the "
-    "producer's next transaction data from firstOffset on as aborted, and writes the stale entry "
-    "into the segment of that producer's next ABORT marker (lastOffset < the segment's base: a "
-    "broker's txn-index sanity check fails)",
-)
 def test_a_truncation_survives_a_crash_in_the_transaction_index(tmp_path: Path) -> None:
     """A follower truncates its log at an ABORT marker and the process dies before anything
     else is written: what is on disk must not describe the truncated transaction."""

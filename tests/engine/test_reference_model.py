@@ -157,7 +157,11 @@ def lookup_start(s: DiskSegment, index: list[tuple[int, int]], start: int) -> in
 
 
 def build_map(
-    segments: list[DiskSegment], indexes: dict[int, list[tuple[int, int]]], start: int, end: int, max_keys: int,
+    segments: list[DiskSegment],
+    indexes: dict[int, list[tuple[int, int]]],
+    start: int,
+    end: int,
+    max_keys: int,
     log_start: int,
 ) -> tuple[dict[bytes, int], int]:
     """§9.2: keys of the cleanable section, a put refused once the map holds max_keys;
@@ -169,7 +173,7 @@ def build_map(
     txn.add(collect_aborted(segments, start, end, log_start))
     for i, s in enumerate(dirty):
         next_start = dirty[i + 1].base_offset if i + 1 < len(dirty) else end
-        for b in s.batches[lookup_start(s, indexes[s.base_offset], start):]:
+        for b in s.batches[lookup_start(s, indexes[s.base_offset], start) :]:
             if b.is_control:
                 txn.on_control(b)
             elif not txn.on_data(b):
@@ -344,17 +348,40 @@ def assert_batch(actual: DiskBatch, e: Expected, now: int) -> None:
     if e.kind == "verbatim":
         assert actual.raw == src.raw, f"{where}: not copied verbatim"
         return
-    got = (actual.magic, actual.base_offset, actual.last_offset, actual.producer_id, actual.producer_epoch,
-           actual.base_sequence, actual.partition_leader_epoch, actual.is_transactional, actual.is_control,
-           actual.log_append_time)
-    want = (2, src.base_offset, src.last_offset, src.producer_id, src.producer_epoch, src.base_sequence,
-            src.partition_leader_epoch, src.is_transactional, src.is_control, src.log_append_time)
+    got = (
+        actual.magic,
+        actual.base_offset,
+        actual.last_offset,
+        actual.producer_id,
+        actual.producer_epoch,
+        actual.base_sequence,
+        actual.partition_leader_epoch,
+        actual.is_transactional,
+        actual.is_control,
+        actual.log_append_time,
+    )
+    want = (
+        2,
+        src.base_offset,
+        src.last_offset,
+        src.producer_id,
+        src.producer_epoch,
+        src.base_sequence,
+        src.partition_leader_epoch,
+        src.is_transactional,
+        src.is_control,
+        src.log_append_time,
+    )
     assert got == want, f"{where}: header fields"
     assert actual.crc_ok, f"{where}: CRC"
     if e.kind == "empty":
         assert len(actual.raw) == 61 and actual.records_count == 0, f"{where}: not an empty header"
         assert (actual.codec, actual.horizon, actual.base_timestamp, actual.max_timestamp) == (
-            0, None, -1, src.max_timestamp), f"{where}: empty header fields"
+            0,
+            None,
+            -1,
+            src.max_timestamp,
+        ), f"{where}: empty header fields"
         return
     assert actual.records == e.records, f"{where}: records"
     assert actual.codec == src.codec, f"{where}: codec"
@@ -419,8 +446,15 @@ def write_log(directory: Path, steps: list, config: LogConfig, tail: bool) -> Lo
             pid, txn = {"plain": (-1, False), "idempotent": (3, False), "txn1": (1, True), "txn2": (2, True)}[producer]
             offsets = list(range(w.next_offset + gap, w.next_offset + gap + len(records)))
             values = [None if tomb else b"v%d" % o for (_, tomb), o in zip(records, offsets, strict=True)]
-            w.data(keys, values, pid=pid, txn=txn, codec=codec, gap=gap,
-                   log_append_time=BASE_TS + offsets[-1] + 500 if log_append else None)
+            w.data(
+                keys,
+                values,
+                pid=pid,
+                txn=txn,
+                codec=codec,
+                gap=gap,
+                log_append_time=BASE_TS + offsets[-1] + 500 if log_append else None,
+            )
             active_empty = False
         elif step[0] == "end":
             _, pid, kind = step
@@ -441,13 +475,19 @@ def write_log(directory: Path, steps: list, config: LogConfig, tail: bool) -> Lo
 
 
 def advance(how: str, retention: int) -> int:
-    return {"none": 0, "tick": 1, "before": retention - 1, "at": retention, "after": retention + 1,
-            "days": 5 * DAY}[how]
+    return {"none": 0, "tick": 1, "before": retention - 1, "at": retention, "after": retention + 1, "days": 5 * DAY}[
+        how
+    ]
 
 
 @pytest.mark.slow  # about 15-30 s
-@settings(max_examples=600, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=600,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(
     steps=log_steps,
     tail=st.booleans(),
@@ -460,8 +500,15 @@ def advance(how: str, retention: int) -> int:
     rounds=st.lists(round_plan, min_size=1, max_size=4),
 )
 def test_engine_matches_the_model(
-    steps: list, tail: bool, segment_bytes: int, index_interval: int, map_size: tuple[int, float], io_buffer: int,
-    retention: int, active_choice: str, rounds: list,
+    steps: list,
+    tail: bool,
+    segment_bytes: int,
+    index_interval: int,
+    map_size: tuple[int, float],
+    io_buffer: int,
+    retention: int,
+    active_choice: str,
+    rounds: list,
 ) -> None:
     config = LogConfig(segment_bytes=segment_bytes, index_interval_bytes=index_interval)
     # Durability is not under test here (the crash tests own it): skip the fsyncs.
@@ -498,12 +545,26 @@ def test_engine_matches_the_model(
             now += advance(clock, retention)
             indexes = {s.base_offset: offset_index(d, s.base_offset) for s in segments}
             expected_end, expected = model_round(
-                segments, indexes, first_dirty=first_dirty, first_uncleanable=uncleanable, now=now,
-                delete_retention_ms=retention, active=active, max_keys=cleaner.offset_map.max_keys, config=config,
+                segments,
+                indexes,
+                first_dirty=first_dirty,
+                first_uncleanable=uncleanable,
+                now=now,
+                delete_retention_ms=retention,
+                active=active,
+                max_keys=cleaner.offset_map.max_keys,
+                config=config,
             )
-            end, _ = clean_round(d, first_dirty=first_dirty, first_uncleanable=uncleanable, now=now,
-                                 delete_retention_ms=retention, active_producers=active, cleaner=cleaner,
-                                 config=config)
+            end, _ = clean_round(
+                d,
+                first_dirty=first_dirty,
+                first_uncleanable=uncleanable,
+                now=now,
+                delete_retention_ms=retention,
+                active_producers=active,
+                cleaner=cleaner,
+                config=config,
+            )
             assert end == expected_end, "end offset"
             assert_matches(d, expected, now, {s.base_offset for s in expected if s.base_offset < expected_end})
             checkpoint = end

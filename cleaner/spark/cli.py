@@ -1,0 +1,226 @@
+"""``kafka-cleaner spark report|compact|compact-large``.
+
+Exit codes as ``kafka-cleaner clean``'s: 0 ok, 2 usage or policy error, 3 some partition
+uncleanable, 4 a log dir locked by another process (a running broker).
+``KAFKA_CLEANER_SPARK_FAULTS`` (JSON, see ``cleaner.spark.staging.maybe_fail``) injects
+failures for tests of the exactly-once protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from cleaner.commands import (
+    EXIT_LOCKED,
+    EXIT_OK,
+    EXIT_UNCLEANABLE,
+    EXIT_USAGE,
+    _clock,
+    _load,
+    now_option,
+    policy_option,
+)
+from cleaner.errors import KafkaCleanerError, LogDirLockedError
+
+from .report import FORMATS
+
+FAULTS_ENV = "KAFKA_CLEANER_SPARK_FAULTS"
+
+master_option = click.option(
+    "--master",
+    default=None,
+    help="Spark master (default: the spark-submit one, else $KAFKA_CLEANER_SPARK_MASTER, else local[*]).",
+)
+output_dir_option = click.option(
+    "--output",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Copy-on-write: write the cleaned partitions under this directory; the input is only read.",
+)
+staging_option = click.option(
+    "--staging",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where runs keep their staged work (default: <output>/.kafka-cleaner-spark, or beside the input log dir).",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+
+
+def _faults() -> dict[str, Any] | None:
+    text = os.environ.get(FAULTS_ENV)
+    return json.loads(text) if text else None
+
+
+def _session(master: str | None) -> Any:
+    try:
+        from .session import spark_session
+    except ImportError:  # pragma: no cover - pyspark is an extra
+        click.echo("kafka-cleaner: the spark commands need pyspark (pip install 'kafka-cleaner[spark]')", err=True)
+        sys.exit(EXIT_USAGE)
+    return spark_session(master)
+
+
+@click.group("spark")
+def spark_group() -> None:
+    """Scale-out on Apache Spark: fleet reports, many partitions in parallel, one huge
+    partition in two phases. The same code runs embedded (local[*]) or under spark-submit."""
+
+
+@spark_group.command("report")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--output", required=True, help="Report directory: a path, or any URI Spark writes to (s3a://...).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="parquet", show_default=True)
+@click.option(
+    "--policy",
+    "policy_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Policy file (default: every topic, compacted with Kafka's defaults).",
+)
+@now_option
+@master_option
+def report_command(
+    inputs: tuple[Path, ...], output: str, fmt: str, policy_path: Path | None, now_ms: int | None, master: str | None
+) -> None:
+    """Read-only report of Kafka log dirs: one row per partition (what `kafka-cleaner
+    status` shows, plus exact distinct keys and reclaimable bytes) and a per-topic rollup,
+    written to OUTPUT/partitions and OUTPUT/topics."""
+    from .report import dataframes, report, write
+
+    policy = _load(policy_path) if policy_path is not None else None
+    spark = _session(master)
+    try:
+        rows, _, seconds = report(spark, inputs, policy, now_ms=now_ms, faults=_faults(), time=_clock(now_ms))
+    except KafkaCleanerError as e:
+        click.echo(f"kafka-cleaner: {e}", err=True)
+        sys.exit(EXIT_USAGE)
+    partitions, topics = dataframes(spark, rows)
+    paths = write(partitions, topics, output, fmt)
+    reclaim = sum(r["reclaimableBytes"] or 0 for r in rows)
+    click.echo(
+        f"{len(rows)} partition(s), {sum(r['sizeBytes'] or 0 for r in rows):,} bytes, "
+        f"{reclaim:,} reclaimable now; {seconds['total']:.1f} s -> {paths['partitions']}, {paths['topics']}"
+    )
+
+
+@spark_group.command("compact")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@policy_option
+@output_dir_option
+@now_option
+@staging_option
+@master_option
+@json_option
+def compact_command(
+    inputs: tuple[Path, ...],
+    policy_path: Path,
+    output: Path | None,
+    now_ms: int | None,
+    staging: Path | None,
+    master: str | None,
+    as_json: bool,
+) -> None:
+    """Clean every eligible partition of the log dirs, one Spark task per partition, each
+    running the engine unchanged. With --output the cleaned partitions are written under
+    OUTPUT/<log dir name>/ and the input is only read; without it they are cleaned in place
+    (a path every executor sees; refused while a broker holds a log dir's .lock)."""
+    from .compact import compact
+
+    policy = _load(policy_path)
+    spark = _session(master)
+    try:
+        result = compact(
+            spark, inputs, policy, output=output, now_ms=now_ms, staging=staging, faults=_faults(), time=_clock(now_ms)
+        )
+    except LogDirLockedError as e:
+        click.echo(f"kafka-cleaner: {e}", err=True)
+        sys.exit(EXIT_LOCKED)
+    except KafkaCleanerError as e:
+        click.echo(f"kafka-cleaner: {e}", err=True)
+        sys.exit(EXIT_USAGE)
+    rows = result.rows()
+    if as_json:
+        click.echo(json.dumps({"runId": result.run_id, "status": result.status, "partitions": rows}, indent=2))
+    else:
+        table = Table(title=f"kafka-cleaner spark compact ({result.status}, run {result.run_id})")
+        for col in ("partition", "action", "rounds", "bytes before", "bytes after", "records read", "written", "s"):
+            table.add_column(col, justify="left" if col in ("partition", "action") else "right")
+        for r in rows:
+            table.add_row(
+                f"{r['sourceRoot']}:{r['topic']}-{r['partition']}",
+                r["action"] or "",
+                str(r["rounds"]),
+                f"{r['bytesBefore']:,}",
+                f"{r['bytesAfter']:,}",
+                f"{r['recordsRead']:,}",
+                f"{r['recordsWritten']:,}",
+                f"{r['seconds'] or 0:.2f}",
+            )
+        Console().print(table)
+    for p in result.uncleanable:
+        click.echo(
+            f"kafka-cleaner: partition {p['topic']}-{p['partition']} in {p['root']} is uncleanable: {p['uncleanable']}",
+            err=True,
+        )
+    sys.exit(EXIT_UNCLEANABLE if result.uncleanable else EXIT_OK)
+
+
+@spark_group.command("compact-large")
+@click.argument("partition_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@policy_option
+@output_dir_option
+@now_option
+@staging_option
+@master_option
+@json_option
+def compact_large_command(
+    partition_dir: Path,
+    policy_path: Path,
+    output: Path | None,
+    now_ms: int | None,
+    staging: Path | None,
+    master: str | None,
+    as_json: bool,
+) -> None:
+    """One cleaning round of one huge partition in two distributed phases (offset map,
+    then the segment groups), committed with Kafka's swap protocol. With --output the
+    cleaned partition is written to OUTPUT/<partition> (OUTPUT is a log dir); without it
+    the partition is cleaned in place."""
+    from .compact_large import compact_large
+
+    policy = _load(policy_path)
+    spark = _session(master)
+    try:
+        result = compact_large(
+            spark,
+            partition_dir,
+            policy,
+            output=output,
+            now_ms=now_ms,
+            staging=staging,
+            faults=_faults(),
+            time=_clock(now_ms),
+        )
+    except LogDirLockedError as e:
+        click.echo(f"kafka-cleaner: {e}", err=True)
+        sys.exit(EXIT_LOCKED)
+    except KafkaCleanerError as e:
+        click.echo(f"kafka-cleaner: {e}", err=True)
+        sys.exit(EXIT_USAGE)
+    summary = result.as_dict()
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        click.echo(
+            f"{summary['partition']}: {summary['status']} (run {summary['runId']}); dirty section "
+            f"[{summary['firstDirtyOffset']}, {summary['endOffset']}), {summary['groups']} group(s), "
+            f"{summary['bytesBefore']:,} -> {summary['bytesAfter']:,} bytes; seconds {summary['seconds']}"
+        )

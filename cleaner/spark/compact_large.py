@@ -1,0 +1,308 @@
+"""``kafka-cleaner spark compact-large``: one huge partition, one cleaning round in two
+distributed phases (``cleaner.spark.phases``), committed by the driver.
+
+1. The driver plans the round with the engine (``cleaner.spark.plan``): first dirty and
+   first uncleanable offsets, active producers, the legacy delete horizon, the transaction
+   state at each dirty segment and each group, Kafka's segment groups.
+2. Phase 1 builds the offset map across executors; the driver finds where the
+   single-node map would have filled up, so the round ends at the same offset.
+3. Phase 2 rewrites the groups in parallel into staged ``.cleaned`` segments.
+4. After the job succeeded, the driver writes the manifest, then commits from it: the
+   staged segments are swapped in with Kafka's protocol (in place, or into a copy that is
+   published under ``--output``) and the ``cleaner-offset-checkpoint`` gets the round's
+   end offset, as ``doneCleaning`` writes it.
+
+The result is byte-identical to ``kafka-cleaner clean``'s first round on the same
+partition and clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time as _time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cleaner.clock import SYSTEM_TIME, FixedTime, Time
+from cleaner.config import Policy
+from cleaner.errors import KafkaCleanerError
+from cleaner.storage.lock import LogDirLock
+
+from .commit import (
+    open_for_commit,
+    staged_segments,
+    swap_applied,
+    swap_in,
+    update_cleaner_checkpoint,
+    write_output_root,
+)
+from .phases import KeyScope, RoundsOutcome, group_done_dir, run_rounds
+from .plan import (
+    PartitionRef,
+    RoundPlan,
+    StalePlanError,
+    dir_fingerprint,
+    local_path,
+    open_managed,
+    partition_of_dir,
+    plan_round,
+    policy_identity,
+    root_fingerprint,
+    run_id,
+)
+from .staging import MANIFEST, STAGING_DIR_NAME, RunDir, copy_tree, maybe_fail, publish_dir
+
+log = logging.getLogger("cleaner.spark.compact_large")
+
+
+@dataclass
+class CompactLargeResult:
+    run_id: str
+    status: str
+    """committed, already-committed, not-eligible or nothing-to-clean"""
+    partition: str
+    first_dirty_offset: int | None = None
+    end_offset: int | None = None
+    map_keys: int | None = None
+    groups: list[dict[str, Any]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    outcome: RoundsOutcome | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        source = sum(g.get("sourceBytes", 0) for g in self.groups)
+        cleaned = sum(g.get("cleanedBytes", 0) for g in self.groups)
+        return {
+            "runId": self.run_id,
+            "status": self.status,
+            "partition": self.partition,
+            "firstDirtyOffset": self.first_dirty_offset,
+            "endOffset": self.end_offset,
+            "offsetMapKeys": self.map_keys,
+            "groups": len(self.groups),
+            "bytesBefore": source,
+            "bytesAfter": cleaned,
+            "recordsRead": sum(g.get("recordsRead", 0) for g in self.groups),
+            "recordsWritten": sum(g.get("recordsWritten", 0) for g in self.groups),
+            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+        }
+
+
+def default_staging(output: Path | None, log_dir: Path) -> Path:
+    """Beside the data, never inside a log dir (a broker refuses a directory it does not
+    know there): under ``--output``, or next to the input log dir."""
+    return (output / STAGING_DIR_NAME) if output is not None else (log_dir.parent / STAGING_DIR_NAME)
+
+
+def compact_large(
+    spark: Any,
+    partition_dir: str | Path,
+    policy: Policy,
+    *,
+    output: str | Path | None = None,
+    now_ms: int | None = None,
+    staging: str | Path | None = None,
+    faults: Mapping[str, Any] | None = None,
+    time: Time = SYSTEM_TIME,
+) -> CompactLargeResult:
+    started = _time.perf_counter()
+    ref = partition_of_dir(local_path(partition_dir, "partition dir"))
+    out = local_path(output, "--output") if output is not None else None
+    if out is not None and (out == Path(ref.root) or Path(ref.root) in out.parents or ref.path in out.parents):
+        raise KafkaCleanerError(f"--output {out} must not be the input log dir or inside it")
+    staging_root = Path(staging).absolute() if staging is not None else default_staging(out, Path(ref.root))
+    lock = None
+    if out is None:
+        lock = LogDirLock(ref.root).acquire()  # LogDirLockedError if a broker holds it
+    try:
+        if out is None:
+            resumed = _resume_in_place(staging_root, ref, policy)
+            if resumed is not None:
+                return resumed
+        return _run(spark, ref, policy, out, now_ms, staging_root, faults, time, started)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run(
+    spark: Any,
+    ref: PartitionRef,
+    policy: Policy,
+    out: Path | None,
+    now_ms: int | None,
+    staging_root: Path,
+    faults: Mapping[str, Any] | None,
+    time: Time,
+    started: float,
+) -> CompactLargeResult:
+    t_plan = _time.perf_counter()
+    manager, managed = open_managed(ref, policy, time, read_only=out is not None)
+    identity = {
+        "partition": [ref.root, ref.topic, ref.partition],
+        "output": str(out) if out is not None else None,
+        "files": dir_fingerprint(ref.path),
+        "root": root_fingerprint(ref.root),
+        "policy": policy_identity(policy),
+        "nowMs": now_ms,
+    }
+    run = RunDir(staging_root, run_id("compact-large", identity))
+    result = CompactLargeResult(run.id, "committed", str(ref.path))
+    if run.committed:
+        result.status = "already-committed"
+        done = run.read_json(MANIFEST) or {}
+        result.end_offset = done.get("endOffset")
+        return result
+    manifest = run.read_json(MANIFEST)
+    if manifest is None:
+        saved = run.read_json("plan.json")
+        now = saved["now"] if saved else (now_ms if now_ms is not None else time.milliseconds())
+        run.create()
+        run.write_json("plan.json", {"now": now, "identity": identity})
+        clock = FixedTime(now)
+        manager.time = clock
+        # As kafka-cleaner clean: only an eligible partition is cleaned (KAFKA_NOTES §6.1).
+        eligible = manager.report(now)[0].eligible
+        plan = plan_round(0, ref, manager, managed, policy, now, clock) if eligible else None
+        if not eligible:
+            result.status = "not-eligible"
+        result.seconds["plan"] = _time.perf_counter() - t_plan
+        manifest = _execute(spark, run, ref, managed, plan, out, faults, result)
+    else:
+        log.info("%s: the job of run %s succeeded earlier; committing it", ref.path, run.id)
+    result.first_dirty_offset = manifest.get("firstDirtyOffset")
+    result.end_offset = manifest.get("endOffset")
+    result.groups = manifest["groups"]
+    if manifest["endOffset"] is None and result.status == "committed":
+        result.status = "nothing-to-clean"
+    maybe_fail(faults, "before-commit")
+    t_commit = _time.perf_counter()
+    commit(run, manifest, policy)
+    result.seconds["commit"] = _time.perf_counter() - t_commit
+    result.seconds["total"] = _time.perf_counter() - started
+    return result
+
+
+def _execute(
+    spark: Any,
+    run: RunDir,
+    ref: PartitionRef,
+    managed: Any,
+    plan: RoundPlan | None,
+    out: Path | None,
+    faults: Mapping[str, Any] | None,
+    result: CompactLargeResult,
+) -> dict[str, Any]:
+    """The distributed round, then the manifest."""
+    groups: list[dict[str, Any]] = []
+    if plan is not None:
+        scope = KeyScope(0, ref, plan.rule, plan.log_start_offset, plan.segments, False, plan)
+        outcome = run_rounds(spark, [scope], run=run, faults=faults)
+        result.outcome = outcome
+        result.map_keys = outcome.map_keys.get(0)
+        result.seconds.update(outcome.seconds)
+        produced = outcome.groups.get(0, [])
+        if len(produced) != len(plan.groups):
+            raise KafkaCleanerError(f"{ref.path}: {len(produced)} of {len(plan.groups)} groups were rewritten")
+        for g, r in enumerate(produced):
+            if not (group_done_dir(run, plan, g) / "result.json").exists():
+                raise KafkaCleanerError(f"{ref.path}: group {g} is not staged")
+            groups.append({**r, "staged": str(group_done_dir(run, plan, g).relative_to(run.path))})
+    maybe_fail(faults, "before-manifest")
+    manifest = {
+        "kind": "compact-large",
+        "partition": {"root": ref.root, "topic": ref.topic, "partition": ref.partition},
+        "output": str(out) if out is not None else None,
+        "logStartOffset": managed.log.log_start_offset,
+        "firstDirtyOffset": plan.first_dirty_offset if plan is not None else None,
+        "endOffset": plan.end_offset if plan is not None else None,
+        "mapStopOffset": plan.map_stop_offset if plan is not None else None,
+        "segments": [[s.base, s.size, s.mtime_ms] for s in plan.segments] if plan is not None else [],
+        "groups": groups,
+    }
+    run.write_json(MANIFEST, manifest)
+    return manifest
+
+
+def commit(run: RunDir, manifest: Mapping[str, Any], policy: Policy) -> None:
+    """Apply a manifest; safe to repeat after a crash at any point."""
+    p = manifest["partition"]
+    ref = PartitionRef(p["root"], p["topic"], p["partition"])
+    rule = policy.rule_for(ref.topic)
+    if rule is None:
+        raise KafkaCleanerError(f"no policy rule matches topic {ref.topic!r}")
+    staged = [seg for g in manifest["groups"] for seg in staged_segments(run.path / g["staged"])]
+    replaced = {b for g in manifest["groups"] for b in g["sourceSegments"]}
+    updates = {ref.tp: manifest["endOffset"]} if manifest["endOffset"] is not None else {}
+    if manifest["output"] is None:
+        if staged and not (run.path / "SWAPPED").exists():
+            the_log = open_for_commit(ref.path, rule, manifest["logStartOffset"])
+            if not swap_applied(ref.path, staged, replaced):
+                _check_unchanged(the_log, manifest)
+                swap_in(the_log, staged, replaced)
+            run.write_json("SWAPPED", {})
+        update_cleaner_checkpoint(ref.root, updates)
+    else:
+        out = Path(manifest["output"])
+        work = run.path / "publish" / ref.tp.dir_name
+        if not (run.path / "PUBLISHED").exists():
+            if not ((run.path / "BUILT").exists() and not work.exists()):
+                shutil.rmtree(work, ignore_errors=True)
+                copy_tree(ref.path, work)
+                if staged:
+                    the_log = open_for_commit(work, rule, manifest["logStartOffset"])
+                    _check_unchanged(the_log, manifest)
+                    swap_in(the_log, staged, replaced)
+                run.write_json("BUILT", {})
+                publish_dir(work, out / ref.tp.dir_name, run.path / "trash")
+            run.write_json("PUBLISHED", {})
+        write_output_root(out, ref.root, updates)
+    run.mark_committed({"endOffset": manifest["endOffset"]})
+    run.clean_up()
+
+
+def _check_unchanged(the_log: Any, manifest: Mapping[str, Any]) -> None:
+    planned = {b: (size, mtime) for b, size, mtime in manifest["segments"]}
+    replaced = {b for g in manifest["groups"] for b in g["sourceSegments"]}
+    for s in the_log.segments:
+        if s.base_offset in replaced and planned.get(s.base_offset) != (s.size, s.last_modified_ms):
+            raise StalePlanError(f"{the_log.dir}: segment {s.base_offset} changed since the plan")
+
+
+def _resume_in_place(staging_root: Path, ref: PartitionRef, policy: Policy) -> CompactLargeResult | None:
+    """Finish the commit of an earlier in-place run of this partition that was killed after
+    its job succeeded (its manifest exists, it is not committed): planning now would see a
+    half-committed partition. Returns that run's result."""
+    if not staging_root.is_dir():
+        return None
+    resumed = None
+    for d in sorted(staging_root.iterdir()):
+        run = RunDir(staging_root, d.name)
+        manifest = run.read_json(MANIFEST) if d.name.startswith("compact-large-") else None
+        if manifest is None or run.committed or manifest.get("output") is not None:
+            continue
+        p = manifest["partition"]
+        if (p["root"], p["topic"], p["partition"]) != (ref.root, ref.topic, ref.partition):
+            continue
+        try:
+            log.warning("%s: completing the commit of interrupted run %s", ref.path, run.id)
+            commit(run, manifest, policy)
+        except StalePlanError as e:
+            log.warning("%s: abandoning run %s: %s", ref.path, run.id, e)
+            run.mark_committed({"abandoned": str(e)})
+            run.clean_up()
+            continue
+        resumed = CompactLargeResult(
+            run.id,
+            "committed" if manifest["endOffset"] is not None else "nothing-to-clean",
+            str(ref.path),
+            first_dirty_offset=manifest["firstDirtyOffset"],
+            end_offset=manifest["endOffset"],
+            groups=manifest["groups"],
+        )
+    return resumed
+
+
+__all__ = ["CompactLargeResult", "commit", "compact_large"]

@@ -1,0 +1,671 @@
+"""A cleaning round split into two distributed phases (``compact-large``, and the dry run
+behind ``report``'s reclaimable bytes).
+
+Phase 1 - the offset map, built across executors. A map task reads a few segments with the
+engine's ``Cleaner.segment_keys`` and sends, per reducer, one blob of numpy columns:
+
+- the segment's *map keys* (dirty segments: the keys the single-node map build would put,
+  under its transaction state), aggregated per key as (first offset, last offset);
+- the segment's *lookup keys* (segments of the round's groups: every key of a data batch,
+  which is what the rewrite may ask the map about; a superset is harmless, a lookup of a
+  key the map holds returns the map's answer) as a sorted set.
+
+Reducers own the digest space by first byte. Per partition they merge the map keys into key
+-> (first, last) - the offset map - and intersect it with each group's lookup keys: the
+group's *keep-list*, the only part of the map the group's rewrite needs.
+
+The single-node map has a capacity (``OffsetMap.max_keys``, checked before every put) and
+ends the round early when it is full (KAFKA_NOTES §9.2), so the end offset depends on it.
+The driver reproduces that exactly: with K distinct map keys and capacity C, if K >= C the
+map fills at the C-th smallest first-occurrence offset F, and the first refused put is the
+next map key after F; likewise for the first key past the map's 32-bit offset range. The
+end offset follows Kafka's rule (the latest of: the previous segment's end, the last
+offset of every batch completed before the refused key, the last put key), the groups
+and transaction states are planned again for it, and phase 1 runs once more for those
+partitions with the map cut at the refused key.
+
+Phase 2 - the groups, rewritten in parallel. Each task runs the engine's
+``Cleaner.clean_segments`` for its group with the keep-list as the round's map and the
+group's transaction state from the engine's header replay, writing a ``.cleaned``
+segment (offsets kept) into an attempt directory that is renamed into the run's staging
+area (or, for a dry run, measured and deleted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import tempfile
+import time as _time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cleaner.clock import FixedTime
+from cleaner.config import TopicRule
+from cleaner.engine.cleaner import Cleaner, LogToClean, Round
+from cleaner.engine.manager import log_config_for
+from cleaner.engine.offset_map import OffsetMap
+from cleaner.engine.stats import CleanerStats
+from cleaner.engine.throttler import Throttler
+from cleaner.engine.transactions import CleanedTransactionMetadata
+from cleaner.errors import KafkaCleanerError
+from cleaner.storage.log import Log
+from cleaner.storage.segment import LogSegment
+
+from . import blocks
+from .blocks import KeepList, KeyOffsets, KeySet
+from .plan import (
+    MAX_IO_BUFFER_SIZE,
+    PartitionRef,
+    RoundPlan,
+    SegmentRef,
+    log_to_clean_of,
+    open_planned_log,
+    segments_by_base,
+    set_end_offset,
+    transaction_state,
+)
+from .staging import RunDir, finish_attempt, maybe_fail, new_attempt_dir
+
+
+@dataclass
+class KeyScope:
+    """A partition phase 1 reads: for a round (``round``) and/or to count its distinct keys
+    over the whole log (``count_keys``, the report)."""
+
+    index: int
+    ref: PartitionRef
+    rule: TopicRule
+    log_start_offset: int
+    segments: list[SegmentRef]
+    count_keys: bool
+    round: RoundPlan | None = None
+    cutoff: int | None = None
+    """Map keys at or above this offset are left out (the single-node map refused them)."""
+    capacity_checked: bool = False
+    """The map's capacity was already applied (the cutoff, if any, is where it fills up)."""
+
+
+@dataclass
+class TaskTimes:
+    """Per task of each kind, its wall time and the CPU time of its Python worker: how the
+    phases scale is read from these (the CPU sum is the work; wall sum / phase time is how
+    many tasks ran at once; CPU / wall is the share of a core a task got)."""
+
+    map: list[float] = field(default_factory=list)
+    reduce: list[float] = field(default_factory=list)
+    rewrite: list[float] = field(default_factory=list)
+    map_cpu: list[float] = field(default_factory=list)
+    reduce_cpu: list[float] = field(default_factory=list)
+    rewrite_cpu: list[float] = field(default_factory=list)
+
+
+class _Clock:
+    """A task's wall and CPU time, reported to the job's accumulator."""
+
+    def __init__(self, kind: str, times: Any) -> None:
+        self.kind, self.times = kind, times
+        self.wall, self.cpu = _time.perf_counter(), _time.process_time()
+
+    def done(self) -> float:
+        wall = _time.perf_counter() - self.wall
+        if self.times is not None:
+            self.times.add(
+                {
+                    self.kind: [wall],
+                    f"{self.kind}_cpu": [_time.process_time() - self.cpu],
+                    f"{self.kind}_end": [_time.time()],
+                }
+            )
+        return wall
+
+
+@dataclass
+class RoundsOutcome:
+    distinct_keys: dict[int, int | None] = field(default_factory=dict)
+    """Per scope index with ``count_keys``: distinct keys of the log (None: unreadable)."""
+    map_keys: dict[int, int] = field(default_factory=dict)
+    """Per round: keys in the round's offset map."""
+    groups: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    """Per round: each group's rewrite result, in group order."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    tasks: TaskTimes = field(default_factory=TaskTimes)
+
+
+# -- helpers shared by the tasks -------------------------------------------------------------
+
+
+def task_cleaner(io_buffer_size: int, max_io_buffer_size: int, io_rate: float | None, now: int) -> Cleaner:
+    """An engine cleaner for one task: a thread's buffers; the round's map is a keep-list
+    (the token map here is never used)."""
+    time = FixedTime(now)
+    return Cleaner(0, OffsetMap(1024), io_buffer_size, max_io_buffer_size, Throttler(io_rate, time), time)
+
+
+def _open(scope: KeyScope) -> Log:
+    if scope.round is not None:
+        return open_planned_log(scope.round)
+    return Log.open(scope.ref.path, log_config_for(scope.rule), log_start_offset=scope.log_start_offset, read_only=True)
+
+
+def lookup_keys(cleaner: Cleaner, log: Log, segment: LogSegment) -> tuple[np.ndarray, np.ndarray]:
+    """Every key of the segment's data batches (any offset, aborted or not): the engine's
+    ``segment_keys`` from the segment's start with a transaction state that knows of no
+    aborted transaction."""
+    ltc = LogToClean(log, log.topic_partition, segment.base_offset, segment.base_offset)
+    return cleaner.segment_keys(ltc, segment, CleanedTransactionMetadata())
+
+
+def _slices_by_reducer(hi: np.ndarray, reducers: int) -> list[tuple[int, int, int]]:
+    """(reducer, start, end) runs of sorted digests."""
+    if hi.size == 0:
+        return []
+    r = blocks.reducer_of(hi, reducers)
+    bounds = np.searchsorted(r, np.arange(reducers + 1), side="left")
+    return [(k, int(bounds[k]), int(bounds[k + 1])) for k in range(reducers) if bounds[k + 1] > bounds[k]]
+
+
+def balance(items: Sequence[tuple[Any, int]], slices: int) -> list[list[Any]]:
+    """Items spread over at most ``slices`` lists of about equal total weight (largest
+    first onto the lightest list); each list keeps the items' original order."""
+    slices = max(1, min(slices, len(items)))
+    loads = [0] * slices
+    members: list[list[int]] = [[] for _ in range(slices)]
+    for pos in sorted(range(len(items)), key=lambda k: -items[k][1]):
+        target = loads.index(min(loads))
+        loads[target] += max(items[pos][1], 1)
+        members[target].append(pos)
+    return [[items[p][0] for p in sorted(m)] for m in members if m]
+
+
+# -- phase 1: map side -----------------------------------------------------------------------
+
+
+def key_tasks(scopes: Sequence[KeyScope]) -> list[tuple[tuple[int, int], int]]:
+    """((scope, segment index), bytes) of every segment phase 1 must read."""
+    out = []
+    for scope in scopes:
+        wanted: set[int] = set(range(len(scope.segments))) if scope.count_keys else set()
+        plan = scope.round
+        if plan is not None:
+            for members in plan.groups:
+                wanted.update(members)
+            wanted.update(s for s, _, _ in plan.dirty if plan.segments[s].base < plan.end_offset)
+        out.extend(((scope.index, s), scope.segments[s].size) for s in sorted(wanted))
+    return out
+
+
+def map_slice(
+    tasks: list[tuple[int, int]], scopes: Mapping[int, KeyScope], reducers: int, faults: Mapping | None, times: Any
+) -> Iterator[tuple[int, tuple[int, int, int, int, bytes]]]:
+    """One map task: its segments' key blocks, keyed by reducer."""
+    clock = _Clock("map", times)
+    maybe_fail(faults, "phase1")
+    logs: dict[int, Log] = {}
+    for i, s in tasks:
+        scope = scopes[i]
+        if i not in logs:
+            logs[i] = _open(scope)
+        yield from _map_segment(scope, s, logs[i], reducers)
+    clock.done()
+
+
+# Flags of a map task's block.
+COUNTED = 1  # the lookup keys count towards the partition's distinct keys
+LOOKUP = 2  # the block holds the segment's lookup keys (mhi, mlo)
+MAPPED = 4  # the block holds the segment's map keys (khi, klo, kfirst, klast)
+LOOKUP_IS_MAPPED = 8  # the lookup keys are exactly the map keys (sent once)
+UNREADABLE = 16  # the segment could not be read (its partition's key count is unknown)
+
+
+def _map_segment(
+    scope: KeyScope, s: int, log: Log, reducers: int
+) -> Iterator[tuple[int, tuple[int, int, int, int, bytes]]]:
+    plan = scope.round
+    ref = scope.segments[s]
+    segment = segments_by_base(log, [ref.base])[0]
+    group = plan.segment_group().get(s, -1) if plan is not None else -1
+    dirty = {seg: (nxt, state) for seg, nxt, state in plan.dirty} if plan is not None else {}
+    is_dirty = s in dirty
+    if plan is not None:
+        cleaner = task_cleaner(plan.io_buffer_size, plan.max_io_buffer_size, plan.io_max_bytes_per_second, plan.now)
+    else:
+        cleaner = task_cleaner(1 << 20, MAX_IO_BUFFER_SIZE, None, 0)
+    own_pass = plan is not None and plan.map_keys_need_own_pass
+    want_lookup = scope.count_keys or group >= 0
+    keys: tuple[np.ndarray, np.ndarray] | None = None
+    if want_lookup or (is_dirty and not own_pass):
+        try:
+            keys = lookup_keys(cleaner, log, segment)
+        except (KafkaCleanerError, OSError):
+            if group >= 0 or is_dirty:
+                raise
+            # A segment outside the round that cannot be read (a live broker's active
+            # segment with a batch half written): its partition's key count is unknown.
+            yield 0, (scope.index, s, -1, UNREADABLE, b"")
+            return
+    flags = COUNTED if scope.count_keys else 0
+    mapped = None
+    if is_dirty:
+        assert plan is not None
+        if own_pass or keys is None:
+            ltc = log_to_clean_of(plan, log)
+            digests, offsets = cleaner.segment_keys(ltc, segment, transaction_state(dirty[s][1]))
+        else:
+            keep = keys[1] >= plan.first_dirty_offset
+            digests, offsets = keys[0][keep], keys[1][keep]
+            if want_lookup and keep.all() and scope.cutoff is None:
+                flags |= LOOKUP_IS_MAPPED
+        if scope.cutoff is not None:
+            keep = offsets < scope.cutoff
+            digests, offsets = digests[keep], offsets[keep]
+        hi, lo = blocks.split(digests)
+        mapped = KeyOffsets.of(hi, lo, offsets, offsets)
+        flags |= MAPPED
+    member = None
+    if want_lookup and not flags & LOOKUP_IS_MAPPED:
+        assert keys is not None
+        member = KeySet.of(*blocks.split(keys[0]))
+        flags |= LOOKUP
+    runs: dict[int, dict[str, np.ndarray]] = defaultdict(dict)
+    if member is not None:
+        for r, a, b in _slices_by_reducer(member.hi, reducers):
+            runs[r].update(mhi=member.hi[a:b], mlo=member.lo[a:b])
+    if mapped is not None:
+        for r, a, b in _slices_by_reducer(mapped.hi, reducers):
+            runs[r].update(khi=mapped.hi[a:b], klo=mapped.lo[a:b], kfirst=mapped.first[a:b], klast=mapped.last[a:b])
+    for r, arrays in runs.items():
+        yield r, (scope.index, s, group, flags, blocks.pack(**arrays))
+
+
+# -- phase 1: reduce side --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the reducers send their results: the phase 2 slice (task) of each group and
+    the slices holding each round's groups. Slice 0 also receives the key counts."""
+
+    slice_of: dict[tuple[int, int], int]
+    round_slices: dict[int, list[int]]
+
+
+def _gather(
+    items: Iterable[tuple[int, tuple[int, int, int, int, bytes]]],
+) -> tuple[dict[int, dict[int, list[KeySet]]], dict[int, list[KeySet]], dict[int, list[KeyOffsets]], set[int]]:
+    members: dict[int, dict[int, list[KeySet]]] = defaultdict(lambda: defaultdict(list))
+    counted: dict[int, list[KeySet]] = defaultdict(list)
+    mapped: dict[int, list[KeyOffsets]] = defaultdict(list)
+    unreadable: set[int] = set()
+    for _, (i, _s, group, flags, blob) in items:
+        if flags & UNREADABLE:
+            unreadable.add(i)
+            continue
+        arrays = blocks.unpack(blob)  # a reducer's share: some of the flagged columns may be absent
+        keyset = None
+        if "khi" in arrays:
+            part = KeyOffsets(arrays["khi"], arrays["klo"], arrays["kfirst"], arrays["klast"])
+            mapped[i].append(part)
+            if flags & LOOKUP_IS_MAPPED:
+                keyset = part.keys
+        if "mhi" in arrays:
+            keyset = KeySet(arrays["mhi"], arrays["mlo"])
+        if keyset is not None:
+            if group >= 0:
+                members[i][group].append(keyset)
+            if flags & COUNTED:
+                counted[i].append(keyset)
+    return members, counted, mapped, unreadable
+
+
+def reduce_part(
+    reducer: int,
+    items: Iterable[tuple[int, tuple[int, int, int, int, bytes]]],
+    scopes: Mapping[int, KeyScope],
+    layout: Layout | None,
+    times: Any,
+) -> Iterator[tuple[tuple[int, str, int, int], Any]]:
+    """One reducer: per partition, its share of the offset map, of the distinct keys and of
+    every group's keep-list, keyed by the phase 2 slice they go to. Every reducer reports
+    its map size to every slice of the round, so a slice knows the map's full size.
+    Without ``layout``: only the map's first-occurrence offsets (the map-full case)."""
+    clock = _Clock("reduce", times)
+    members, counted, mapped, unreadable = _gather(items)
+    for i, scope in sorted(scopes.items()):
+        if scope.count_keys:
+            yield (0, "count", i, reducer), None if i in unreadable else len(KeySet.union(counted.get(i, [])))
+        if scope.round is None:
+            continue
+        the_map = KeyOffsets.merge(mapped.get(i, []))
+        if layout is None:
+            yield (0, "firsts", i, reducer), blocks.pack(first=the_map.first)
+            continue
+        for n in layout.round_slices[i]:
+            yield (n, "size", i, reducer), len(the_map)
+        for g, sets in sorted(members.get(i, {}).items()):
+            keys = KeySet.union(sets)
+            idx = the_map.keys.find(keys.hi, keys.lo)
+            hit = idx >= 0
+            if hit.any():
+                blob = blocks.pack(hi=keys.hi[hit], lo=keys.lo[hit], offset=the_map.last[idx[hit]])
+                yield (layout.slice_of[(i, g)], "keep", i, g), (reducer, blob)
+    if reducer == 0 and layout is not None:
+        for (i, g), n in layout.slice_of.items():  # every group gets its task, keep-list or not
+            yield (n, "group", i, g), None
+    clock.done()
+
+
+# -- the map's end: where the single-node map would fill up ----------------------------------
+
+
+def map_stop(plan: RoundPlan, log: Log, cleaner: Cleaner, after: int) -> tuple[int, int] | None:
+    """The first key the single-node map build puts at an offset > ``after`` - the put it
+    would refuse - and the round's end offset that follows (Kafka's ``latestOffset + 1``
+    when the build stops there, §9.2). None if no key comes after ``after``."""
+    ltc = log_to_clean_of(plan, log)
+    start = plan.first_dirty_offset
+    for pos, (s, next_start, blob) in enumerate(plan.dirty):
+        if next_start - 1 <= after:
+            continue
+        segment = segments_by_base(log, [plan.segments[s].base])[0]
+        _, offsets = cleaner.segment_keys(ltc, segment, transaction_state(blob))
+        later = offsets[offsets > after]
+        if later.size == 0:
+            continue
+        stop = int(later[0])
+        latest = segment.base_offset - 1 if pos > 0 else -1
+        before = offsets[offsets < stop]
+        if before.size:
+            latest = max(latest, int(before.max()))
+        for chunk in segment.iter_batches():
+            lasts = chunk.last_offsets
+            done = lasts[(lasts >= start) & (lasts < stop)]
+            if done.size:
+                latest = max(latest, int(done.max()))
+        return stop, latest + 1
+    return None
+
+
+def _kth_smallest(parts: list[np.ndarray], k: int) -> int:
+    values = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return int(np.partition(values, k - 1)[k - 1])
+
+
+# -- the driver ------------------------------------------------------------------------------
+
+
+def _list_accumulator(sc: Any) -> Any:
+    from pyspark.accumulators import AccumulatorParam
+
+    class _Lists(AccumulatorParam):
+        def zero(self, value: dict) -> dict:
+            return {}
+
+        def addInPlace(self, a: dict, b: dict) -> dict:
+            for k, v in b.items():
+                a.setdefault(k, []).extend(v)
+            return a
+
+    return sc.accumulator({}, _Lists())
+
+
+def _keys_by_reducer(sc: Any, scopes: list[KeyScope], reducers: int, faults: Mapping | None, acc: Any, shared: Any):
+    """Phase 1's map stage, shuffled to the reducers (digest-space partitions)."""
+    slices = balance(key_tasks(scopes), sc.defaultParallelism * 2) or [[]]
+    return (
+        sc.parallelize(slices, len(slices))
+        .flatMap(lambda sl: map_slice(sl, shared.value, reducers, faults, acc))
+        .partitionBy(reducers, lambda r: r)
+    )
+
+
+def _round_job(
+    sc: Any,
+    scopes: list[KeyScope],
+    reducers: int,
+    run: RunDir | None,
+    faults: Mapping | None,
+    acc: Any,
+) -> list[dict[str, Any]]:
+    """One Spark job: phase 1 (map, reduce) and phase 2 (the groups' rewrites)."""
+    groups = [
+        ((s.index, g), s.round.group_source_bytes(g))
+        for s in scopes
+        if s.round is not None
+        for g in range(len(s.round.groups))
+    ]
+    slices = balance(groups, sc.defaultParallelism * 2) or [[]]
+    slice_of = {key: n for n, members in enumerate(slices) for key in members}
+    round_slices: dict[int, list[int]] = defaultdict(list)
+    for (i, _), n in sorted(slice_of.items()):
+        if n not in round_slices[i]:
+            round_slices[i].append(n)
+    layout = Layout(slice_of, dict(round_slices))
+    shared = sc.broadcast({s.index: s for s in scopes})
+    run_root = (str(run.root), run.id) if run is not None else None
+    return (
+        _keys_by_reducer(sc, scopes, reducers, faults, acc, shared)
+        .mapPartitionsWithIndex(lambda r, it: reduce_part(r, it, shared.value, layout, acc))
+        .partitionBy(len(slices), lambda key: key[0])
+        .mapPartitionsWithIndex(lambda n, it: rewrite_slice(n, it, shared.value, reducers, run_root, faults, acc))
+        .collect()
+    )
+
+
+def _first_offsets(sc: Any, scopes: list[KeyScope], reducers: int, faults: Mapping | None, acc: Any) -> dict:
+    """Per round, the first-occurrence offset of every key of its map (the map-full case)."""
+    shared = sc.broadcast({s.index: s for s in scopes})
+    out: dict[int, list[np.ndarray]] = defaultdict(list)
+    rows = (
+        _keys_by_reducer(sc, scopes, reducers, faults, acc, shared)
+        .mapPartitionsWithIndex(lambda r, it: reduce_part(r, it, shared.value, None, acc))
+        .collect()
+    )
+    for (_, kind, i, _r), value in rows:
+        if kind == "firsts":
+            out[i].append(blocks.unpack(value)["first"])
+    return out
+
+
+def _cut_at_offset_limit(scope: KeyScope) -> KeyScope:
+    """A dirty section spanning more than the map's 32-bit offset range: the single-node
+    map refuses the first key beyond it, so the round ends there at the latest."""
+    plan = scope.round
+    assert plan is not None
+    if plan.first_uncleanable_offset - 1 <= plan.offset_limit:
+        return scope
+    log = open_planned_log(plan)
+    cleaner = task_cleaner(plan.io_buffer_size, plan.max_io_buffer_size, None, plan.now)
+    stop = map_stop(plan, log, cleaner, plan.offset_limit)
+    if stop is None:
+        return scope
+    plan.map_stop_offset = stop[0]
+    set_end_offset(plan, log_to_clean_of(plan, log), cleaner, stop[1])
+    return dataclasses.replace(scope, cutoff=stop[0])
+
+
+def run_rounds(
+    spark: Any,
+    scopes: list[KeyScope],
+    *,
+    run: RunDir | None,
+    faults: Mapping | None = None,
+    reducers: int | None = None,
+) -> RoundsOutcome:
+    """Phase 1 for every scope and phase 2 for every round, in one Spark job; where the
+    single-node map would fill up, the round's end is computed and those rounds run again
+    cut there. With ``run``, cleaned groups are staged in ``run.done``; without, a dry run."""
+    sc = spark.sparkContext
+    reducers = reducers or max(2, sc.defaultParallelism)
+    out = RoundsOutcome()
+    if not scopes:
+        return out
+    acc = _list_accumulator(sc)
+    scopes = [_cut_at_offset_limit(s) if s.round is not None else s for s in scopes]
+    started = _time.time()
+    rows = _round_job(sc, scopes, reducers, run, faults, acc)
+    results: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        if row.get("summary"):
+            for i, values in row["counts"].items():
+                out.distinct_keys[i] = None if any(v is None for v in values) else sum(values)
+        else:
+            results[row["round"]].append(row)
+
+    # Rounds whose map would have filled up: where exactly, then those rounds again.
+    full = [s for s in scopes if s.round is not None and any(r.get("overflow") for r in results[s.index])]
+    if full:
+        firsts = _first_offsets(sc, full, reducers, faults, acc)
+        cut = []
+        for scope in full:
+            plan = scope.round
+            assert plan is not None
+            log = open_planned_log(plan)
+            cleaner = task_cleaner(plan.io_buffer_size, plan.max_io_buffer_size, None, plan.now)
+            first_refused = _kth_smallest(firsts[scope.index], plan.max_keys)
+            stop = map_stop(plan, log, cleaner, first_refused)
+            if stop is not None and (scope.cutoff is None or stop[0] < scope.cutoff):
+                plan.map_stop_offset = stop[0]
+                set_end_offset(plan, log_to_clean_of(plan, log), cleaner, stop[1])
+                scope = dataclasses.replace(scope, cutoff=stop[0])
+            cut.append(dataclasses.replace(scope, count_keys=False, capacity_checked=True))
+            del results[scope.index]
+        for row in _round_job(sc, cut, reducers, run, faults, acc):
+            if not row.get("summary"):
+                results[row["round"]].append(row)
+    ended = _time.time()
+
+    for scope in scopes:
+        if scope.round is not None:
+            rows_of = sorted(results[scope.index], key=lambda r: r["group"])
+            out.groups[scope.index] = rows_of
+            out.map_keys[scope.index] = rows_of[0]["mapKeys"] if rows_of else 0
+    times = acc.value
+    out.tasks = TaskTimes(**{f.name: times.get(f.name, []) for f in dataclasses.fields(TaskTimes)})
+    phase1_end = max(times.get("reduce_end", [started]))
+    out.seconds["phase1"] = phase1_end - started
+    out.seconds["phase2"] = ended - phase1_end
+    return out
+
+
+# -- phase 2 ---------------------------------------------------------------------------------
+
+
+def group_done_dir(run: RunDir, plan: RoundPlan, g: int) -> Path:
+    return run.done / f"p{plan.index}" / f"{plan.group_bases(g)[0]:020d}"
+
+
+def rewrite_slice(
+    n: int,
+    items: Iterable[tuple[tuple[int, str, int, int], Any]],
+    scopes: Mapping[int, KeyScope],
+    reducers: int,
+    run_root: tuple[str, str] | None,
+    faults: Mapping | None,
+    times: Any,
+) -> Iterator[dict[str, Any]]:
+    """One phase 2 task: its groups, each rewritten against its keep-list; the rounds'
+    map sizes say first whether the single-node map would have filled up (then the group is
+    left for the driver to cut the round)."""
+    sizes: dict[int, list[int]] = defaultdict(list)
+    counts: dict[int, list[int | None]] = defaultdict(list)
+    keeps: dict[tuple[int, int], list[tuple[int, bytes]]] = defaultdict(list)
+    groups: set[tuple[int, int]] = set()
+    for (_, kind, i, x), value in items:
+        if kind == "size":
+            sizes[i].append(value)
+        elif kind == "count":
+            counts[i].append(value)
+        elif kind == "keep":
+            keeps[(i, x)].append(value)
+        elif kind == "group":
+            groups.add((i, x))
+    run = RunDir(*run_root) if run_root is not None else None
+    logs: dict[int, Log] = {}
+    for i, g in sorted(groups):
+        scope = scopes[i]
+        plan = scope.round
+        assert plan is not None
+        if len(sizes[i]) != reducers:
+            raise KafkaCleanerError(f"round {i}: map sizes from {len(sizes[i])} of {reducers} reducers")
+        map_keys = sum(sizes[i])
+        if not scope.capacity_checked and map_keys >= plan.max_keys:
+            yield {"round": i, "group": g, "overflow": True, "mapKeys": map_keys}
+            continue
+        clock = _Clock("rewrite", times)
+        # In reducer order the parts are sorted as a whole (reducers own digest ranges).
+        blobs = [blob for _, blob in sorted(keeps[(i, g)], key=lambda rb: rb[0])]
+        result = rewrite_group(plan, g, blobs, logs, run, faults)
+        result["mapKeys"] = map_keys
+        result["seconds"] = clock.done()
+        yield result
+    if n == 0:
+        yield {"summary": True, "counts": dict(counts)}
+
+
+def rewrite_group(
+    plan: RoundPlan,
+    g: int,
+    blobs: list[bytes],
+    logs: dict[int, Log],
+    run: RunDir | None,
+    faults: Mapping | None,
+) -> dict[str, Any]:
+    bases = plan.group_bases(g)
+    final = group_done_dir(run, plan, g) if run is not None else None
+    if final is not None and (final / "result.json").exists():
+        result = json.loads((final / "result.json").read_text())
+        result["reused"] = True
+        return result
+    if plan.index not in logs:
+        logs[plan.index] = open_planned_log(plan)
+    log = logs[plan.index]
+    ltc = log_to_clean_of(plan, log)
+    cleaner = task_cleaner(plan.io_buffer_size, plan.max_io_buffer_size, plan.io_max_bytes_per_second, plan.now)
+    lookup = KeepList.from_blobs(blobs, plan.end_offset - 1)
+    stats = CleanerStats(cleaner.time)
+    attempt = new_attempt_dir(run, f"p{plan.index}-{bases[0]}") if run is not None else Path(tempfile.mkdtemp())
+    result: dict[str, Any] = {
+        "round": plan.index,
+        "group": g,
+        "base": bases[0],
+        "sourceSegments": bases,
+        "sourceBytes": plan.group_source_bytes(g),
+        "keepListKeys": len(lookup),
+        "reused": False,
+    }
+
+    def commit(cleaned: LogSegment, group: list[LogSegment], generation: int) -> None:
+        cleaned.close()
+        result.update(
+            cleanedBytes=cleaned.size,
+            recordsRead=stats.messages_read,
+            recordsWritten=stats.messages_written,
+            tombstonesRemoved=stats.tombstones_removed,
+            invalidRecords=stats.invalid_messages_read,
+            bytesRead=stats.bytes_read,
+            bytesWritten=stats.bytes_written,
+            files=sorted(p.name for p in attempt.iterdir()),
+        )
+        maybe_fail(faults, "phase2")
+        if final is None:
+            shutil.rmtree(attempt, ignore_errors=True)
+            return
+        (attempt / "result.json").write_text(json.dumps(result))
+        finish_attempt(attempt, final)
+
+    rnd = Round(
+        ltc, plan.now, plan.end_offset, plan.legacy_delete_horizon_ms, log.generation, lookup, stats, commit, attempt
+    )
+    try:
+        cleaner.clean_segments(rnd, segments_by_base(log, bases), transaction_state(plan.group_states[g]))
+    finally:
+        if final is None:
+            shutil.rmtree(attempt, ignore_errors=True)
+    return result

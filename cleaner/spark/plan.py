@@ -1,0 +1,351 @@
+"""What the Spark jobs know before they start: which partitions, their state, and - for a
+round run in two distributed phases - everything the single-node round decides before it
+reads a record (KAFKA_NOTES §6, §9.1).
+
+A ``RoundPlan`` is computed with the engine's own functions (the manager's
+``log_to_clean``, ``legacy_delete_horizon``, ``plan_groups``, the cleaner's
+``dirty_segments`` and ``transaction_states``) and travels to the executors, which open the
+same partition read-only and check that its segments are still the planned ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cleaner.clock import Time
+from cleaner.config import CleanerConfig, Policy, TopicRule
+from cleaner.engine.cleaner import Cleaner, LogToClean, legacy_delete_horizon, plan_groups
+from cleaner.engine.log_cleaner import LogCleaner
+from cleaner.engine.manager import LogCleanerManager, ManagedLog, log_config_for
+from cleaner.engine.offset_map import OffsetMap
+from cleaner.engine.throttler import Throttler
+from cleaner.engine.transactions import CleanedTransactionMetadata
+from cleaner.errors import KafkaCleanerError
+from cleaner.storage.checkpoint import OFFSET_CHECKPOINT_FILES
+from cleaner.storage.log import Log
+from cleaner.storage.log_dir import CLEAN_SHUTDOWN_FILE, LogDirectory
+from cleaner.storage.producer_state import ActiveProducer
+from cleaner.storage.segment import LogSegment
+from cleaner.storage.topic_partition import TopicPartition, parse_partition_dir
+
+MAX_IO_BUFFER_SIZE: int = inspect.signature(LogCleaner.__init__).parameters["max_message_bytes"].default
+"""The cleaner's ``maxIoBufferSize`` as ``kafka-cleaner clean`` runs it (``LogCleaner``'s default,
+Kafka's ``message.max.bytes``)."""
+
+OFFSET_MAP_RELATIVE_LIMIT = 2**32 - 2
+"""A round's map holds offsets up to first dirty offset + this (``OffsetMap.offset_limit``)."""
+
+
+class StalePlanError(KafkaCleanerError):
+    """The partition changed between planning and execution."""
+
+
+class PartitionView(LogDirectory):
+    """One partition of a log directory: a manager over it sees only that partition, so a
+    Spark task plans or reports one partition without opening the others. Its root files
+    (checkpoints, ``.kafka_cleanshutdown``) are the log dir's own. Never used to *write* a
+    cleaner checkpoint: Kafka's update keeps only the partitions of the directory."""
+
+    def __init__(self, path: str | os.PathLike[str], tp: TopicPartition, *, read_only: bool = True) -> None:
+        super().__init__(path, read_only=read_only)
+        self.tp = tp
+
+    def partition_dirs(self) -> dict[TopicPartition, Path]:
+        d = self.path / self.tp.dir_name
+        return {self.tp: d} if d.is_dir() else {}
+
+
+@dataclass(frozen=True, order=True)
+class PartitionRef:
+    """A partition directory of one input log dir."""
+
+    root: str
+    """The log dir, absolute."""
+    topic: str
+    partition: int
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.root) / self.tp.dir_name
+
+
+def local_path(path: str | os.PathLike[str], what: str) -> Path:
+    """A POSIX path: the jobs rename, fsync and lock files, which object stores cannot do."""
+    text = os.fspath(path)
+    if "://" in text:
+        raise KafkaCleanerError(
+            f"{what} {text}: object storage is not a file system; mount it (read-only) and clean it "
+            f"copy-on-write with --output on a file system (see docs/spark.md)"
+        )
+    return Path(text).absolute()
+
+
+def list_partitions(
+    roots: Sequence[str | os.PathLike[str]], policy: Policy, *, compacted_only: bool
+) -> list[PartitionRef]:
+    """The partitions of the log dirs that a policy rule matches (and compacts)."""
+    out = []
+    for root in roots:
+        log_dir = LogDirectory(root, read_only=True)
+        if not log_dir.exists():
+            raise KafkaCleanerError(f"{root}: no such log directory")
+        for tp in log_dir.partition_dirs():
+            rule = policy.rule_for(tp.topic)
+            if rule is None or (compacted_only and not rule.compact):
+                continue
+            out.append(PartitionRef(str(log_dir.path), tp.topic, tp.partition))
+    return sorted(out)
+
+
+def partition_of_dir(partition_dir: str | os.PathLike[str]) -> PartitionRef:
+    d = Path(partition_dir).absolute()
+    tp = parse_partition_dir(d.name)
+    if tp is None or not d.is_dir():
+        raise KafkaCleanerError(f"{partition_dir}: not a partition directory (<topic>-<partition>)")
+    return PartitionRef(str(d.parent), tp.topic, tp.partition)
+
+
+def open_managed(
+    ref: PartitionRef, policy: Policy, time: Time, *, read_only: bool = True
+) -> tuple[LogCleanerManager, ManagedLog]:
+    """A manager over the one partition (checkpoints never written) and its managed log."""
+    view = PartitionView(ref.root, ref.tp, read_only=read_only)
+    manager = LogCleanerManager([view], policy, time, write_checkpoints=False)
+    logs = manager.logs()
+    if ref.tp not in logs:
+        raise KafkaCleanerError(f"{ref.path}: no policy rule matches topic {ref.topic!r}")
+    return manager, logs[ref.tp]
+
+
+# -- fingerprints: the identity of a plan ----------------------------------------------------
+
+
+def dir_fingerprint(directory: str | os.PathLike[str]) -> list[tuple[str, int, int]]:
+    """(name, size, mtime ns) of every regular file: changes whenever a segment is
+    appended to, swapped, deleted or touched."""
+    out = []
+    with os.scandir(directory) as it:
+        for entry in it:
+            if entry.is_file(follow_symlinks=False):
+                st = entry.stat(follow_symlinks=False)
+                out.append((entry.name, st.st_size, st.st_mtime_ns))
+    return sorted(out)
+
+
+def root_fingerprint(root: str | os.PathLike[str]) -> dict[str, str | None]:
+    """The log dir files the cleaner reads: the offset checkpoints and the clean-shutdown
+    marker (contents hashed)."""
+    out: dict[str, str | None] = {}
+    for name in (*OFFSET_CHECKPOINT_FILES, CLEAN_SHUTDOWN_FILE):
+        p = Path(root) / name
+        try:
+            out[name] = hashlib.sha256(p.read_bytes()).hexdigest()
+        except FileNotFoundError:
+            out[name] = None
+    return out
+
+
+def run_id(kind: str, identity: object) -> str:
+    """A stable id for a plan: the same inputs in the same state give the same id."""
+    text = json.dumps([kind, identity], sort_keys=True, default=str)
+    return f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:20]}"
+
+
+def policy_identity(policy: Policy) -> dict:
+    return policy.to_spec_dict()
+
+
+# -- a cleaning round, planned ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    base: int
+    size: int
+    mtime_ms: int
+
+
+@dataclass
+class RoundPlan:
+    """One cleaning round of one partition, decided up front (KAFKA_NOTES §9.1):
+    everything ``Cleaner.do_clean`` computes before and around its two phases."""
+
+    index: int
+    ref: PartitionRef
+    rule: TopicRule
+    log_start_offset: int
+    now: int
+    first_dirty_offset: int
+    first_uncleanable_offset: int
+    needs_compaction_now: bool
+    clean_bytes: int
+    cleanable_bytes: int
+    delete_retention_ms: int
+    active_producers: dict[int, ActiveProducer]
+    legacy_delete_horizon_ms: int
+    segments: list[SegmentRef]
+    max_keys: int
+    """The single-node offset map's capacity (``OffsetMap.max_keys`` for this policy)."""
+    io_buffer_size: int
+    max_io_buffer_size: int
+    io_max_bytes_per_second: float | None
+    dirty: list[tuple[int, int, bytes]]
+    """(segment index, next start, pickled map-building transaction state at its start)."""
+    map_keys_need_own_pass: bool
+    """Aborted transactions in the dirty section: the map's keys (outside aborted data)
+    are extracted with the map-building transaction state, apart from the lookup keys."""
+    end_offset: int
+    groups: list[list[int]] = field(default_factory=list)
+    group_states: list[bytes] = field(default_factory=list)
+    map_stop_offset: int | None = None
+    """The offset of the first key the single-node map would refuse (map full), if any."""
+
+    @property
+    def tp(self) -> TopicPartition:
+        return self.ref.tp
+
+    @property
+    def offset_limit(self) -> int:
+        return self.first_dirty_offset + OFFSET_MAP_RELATIVE_LIMIT
+
+    def group_bases(self, g: int) -> list[int]:
+        return [self.segments[i].base for i in self.groups[g]]
+
+    def group_source_bytes(self, g: int) -> int:
+        return sum(self.segments[i].size for i in self.groups[g])
+
+    def segment_group(self) -> dict[int, int]:
+        return {s: g for g, members in enumerate(self.groups) for s in members}
+
+
+def planning_cleaner(config: CleanerConfig, time: Time) -> Cleaner:
+    """A cleaner with a thread's I/O buffer sizes (as ``CleanerThread`` builds it) and a
+    token offset map: rounds run in phases never use its own map."""
+    return Cleaner(
+        0,
+        OffsetMap(1024),
+        config.io_buffer_per_thread // 2,
+        MAX_IO_BUFFER_SIZE,
+        Throttler(config.max_io_bytes_per_second, time),
+        time,
+    )
+
+
+def offset_map_capacity(config: CleanerConfig) -> int:
+    """``max_keys`` of the map each cleaner thread of this configuration has."""
+    return OffsetMap(config.dedupe_buffer_per_thread, config.dedupe_buffer_load_factor).max_keys
+
+
+def plan_round(
+    index: int,
+    ref: PartitionRef,
+    manager: LogCleanerManager,
+    managed: ManagedLog,
+    policy: Policy,
+    now: int,
+    time: Time,
+    *,
+    max_keys: int | None = None,
+) -> RoundPlan | None:
+    """The next round of the partition, or None when there is nothing to clean."""
+    checkpoint = manager.all_cleaner_checkpoints().get(ref.tp)
+    ltc, _, _ = manager.log_to_clean(managed, checkpoint, now)
+    if ltc.first_dirty_offset >= ltc.first_uncleanable_offset:
+        return None
+    the_log = managed.log
+    config = policy.cleaner
+    cleaner = planning_cleaner(config, time)
+    dirty = cleaner.dirty_segments(ltc)
+    index_of = {s.base_offset: i for i, s in enumerate(the_log.segments)}
+    plan = RoundPlan(
+        index=index,
+        ref=ref,
+        rule=managed.rule,
+        log_start_offset=the_log.log_start_offset,
+        now=now,
+        first_dirty_offset=ltc.first_dirty_offset,
+        first_uncleanable_offset=ltc.first_uncleanable_offset,
+        needs_compaction_now=ltc.needs_compaction_now,
+        clean_bytes=ltc.clean_bytes,
+        cleanable_bytes=ltc.cleanable_bytes,
+        delete_retention_ms=ltc.delete_retention_ms,
+        active_producers=dict(ltc.active_producers),
+        legacy_delete_horizon_ms=legacy_delete_horizon(ltc),
+        segments=[SegmentRef(s.base_offset, s.size, s.last_modified_ms) for s in the_log.segments],
+        max_keys=max_keys if max_keys is not None else offset_map_capacity(config),
+        io_buffer_size=config.io_buffer_per_thread // 2,
+        max_io_buffer_size=MAX_IO_BUFFER_SIZE,
+        io_max_bytes_per_second=config.max_io_bytes_per_second,
+        dirty=[(index_of[seg.base_offset], nxt, pickle.dumps(state)) for seg, nxt, state in dirty],
+        map_keys_need_own_pass=bool(
+            the_log.collect_aborted_transactions(ltc.first_dirty_offset, ltc.first_uncleanable_offset)
+        ),
+        end_offset=ltc.first_uncleanable_offset,
+    )
+    set_end_offset(plan, ltc, cleaner, ltc.first_uncleanable_offset)
+    return plan
+
+
+def set_end_offset(plan: RoundPlan, ltc: LogToClean, cleaner: Cleaner, end_offset: int) -> None:
+    """The round ends at ``end_offset``: Kafka's groups of the segments below it (§9.3) and
+    the transaction state at the start of each, from the engine's header-only replay."""
+    plan.end_offset = end_offset
+    groups = plan_groups(ltc, end_offset)
+    index_of = {s.base: i for i, s in enumerate(plan.segments)}
+    plan.groups = [[index_of[s.base_offset] for s in group] for group in groups]
+    plan.group_states = [pickle.dumps(s) for s in cleaner.transaction_states(ltc, groups)]
+
+
+# -- the executors' side ---------------------------------------------------------------------
+
+
+def open_planned_log(plan: RoundPlan) -> Log:
+    """The partition as the plan saw it, read-only; raises ``StalePlanError`` if its
+    segments changed."""
+    log = Log.open(plan.ref.path, log_config_for(plan.rule), log_start_offset=plan.log_start_offset, read_only=True)
+    seen = [SegmentRef(s.base_offset, s.size, s.last_modified_ms) for s in log.segments]
+    planned = {s.base: s for s in plan.segments}
+    for s in seen:
+        p = planned.get(s.base)
+        if p is not None and p != s and s.base < plan.first_uncleanable_offset:
+            raise StalePlanError(f"{plan.ref.path}: segment {s.base} changed since the plan ({p} -> {s})")
+    missing = sorted(set(planned) - {s.base for s in seen})
+    if missing:
+        raise StalePlanError(f"{plan.ref.path}: segments {missing[:5]} disappeared since the plan")
+    return log
+
+
+def log_to_clean_of(plan: RoundPlan, log: Log) -> LogToClean:
+    return LogToClean(
+        log,
+        plan.tp,
+        plan.first_dirty_offset,
+        plan.first_uncleanable_offset,
+        needs_compaction_now=plan.needs_compaction_now,
+        clean_bytes=plan.clean_bytes,
+        cleanable_bytes=plan.cleanable_bytes,
+        delete_retention_ms=plan.delete_retention_ms,
+        active_producers=dict(plan.active_producers),
+    )
+
+
+def segments_by_base(log: Log, bases: Sequence[int]) -> list[LogSegment]:
+    by_base = {s.base_offset: s for s in log.segments}
+    return [by_base[b] for b in bases]
+
+
+def transaction_state(blob: bytes) -> CleanedTransactionMetadata:
+    state = pickle.loads(blob)
+    assert isinstance(state, CleanedTransactionMetadata)
+    return state

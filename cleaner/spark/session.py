@@ -1,0 +1,99 @@
+"""The SparkSession the jobs run in.
+
+Under ``spark-submit`` (or any driver that already has a session) the jobs use the active
+session and its master. Otherwise they start an embedded one: ``local[*]`` (every core of
+this machine, each task attempted up to 4 times as on a cluster: master
+``local[*,4]``), quiet (Spark's own log at ERROR, no console progress, no web UI), with
+the executors' Python set to this interpreter and ``PYTHONSAFEPATH=1`` (the repository's
+``operator/`` directory would shadow the standard library's ``operator`` module in a
+worker started from the repository root).
+
+Speculative execution must be off: a speculative copy of a task would be harmless to the
+staged output (attempt directories are renamed, the first wins), but the jobs' contract
+is one successful attempt per unit of work, and the check makes a misconfigured cluster
+fail at once instead of doing work twice.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from cleaner.errors import KafkaCleanerError
+
+DEFAULT_MASTER = "local[*,4]"
+MASTER_ENV = "KAFKA_CLEANER_SPARK_MASTER"
+
+LOG4J2_PROPERTIES = """\
+# kafka-cleaner: Spark's own logging at ERROR, on stderr.
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+# The logger of the class that starts logging decides the "Setting default log level" banner
+# (the Scala shell's, pyspark's gateway): at the root's level, there is no banner.
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = error
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = error
+"""
+
+_CONF = {
+    "spark.ui.showConsoleProgress": "false",
+    "spark.speculation": "false",
+    "spark.executorEnv.PYTHONSAFEPATH": "1",
+    "spark.python.worker.reuse": "true",
+}
+_LOCAL_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+}
+
+
+def _quiet_conf_dir() -> str:
+    d = Path(tempfile.mkdtemp(prefix="kafka-cleaner-spark-conf-"))
+    (d / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
+    return str(d)
+
+
+def spark_session(
+    master: str | None = None, *, app_name: str = "kafka-cleaner", conf: dict[str, str] | None = None
+) -> Any:
+    """The active SparkSession, or a new one (see the module doc)."""
+    os.environ.setdefault("PYTHONSAFEPATH", "1")
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is None:
+        submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started this driver
+        builder = SparkSession.builder.appName(app_name)
+        for k, v in {**_CONF, **(conf or {})}.items():
+            builder = builder.config(k, v)
+        if not submitted:
+            master = master or os.environ.get(MASTER_ENV) or DEFAULT_MASTER
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+            os.environ.setdefault("SPARK_CONF_DIR", _quiet_conf_dir())
+            if master.startswith("local"):
+                os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+                for k, v in _LOCAL_CONF.items():
+                    builder = builder.config(k, v)
+            builder = builder.master(master).config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
+        elif master:
+            builder = builder.master(master)
+        active = builder.getOrCreate()
+    check_session(active)
+    return active
+
+
+def check_session(spark: Any) -> None:
+    """Refuse a session the exactly-once protocol was not designed for."""
+    if spark.sparkContext.getConf().get("spark.speculation", "false").strip().lower() == "true":
+        raise KafkaCleanerError("spark.speculation must be false for kafka-cleaner's Spark jobs")
