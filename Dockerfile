@@ -27,13 +27,9 @@ COPY cleaner ./cleaner
 COPY operator ./operator
 # Build the wheel, then install it (with its dependencies, all binary wheels) into a venv.
 # tests/test_image.py runs this RUN line as it is (paths mapped), so keep it one plain sh line.
-# jsonschema: the operator validates every sidecar report with it (compaction_operator.status),
-# but pyproject.toml lists it only in the "test" extra, so the wheel alone does not pull it in.
-# A stopgap until it moves to [project] dependencies; then drop it here (a strict xfail in
-# tests/operator/test_dockerfile.py turns red as soon as the wheel declares it).
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/kafka-cleaner \
- && /opt/kafka-cleaner/bin/pip install --only-binary=:all: /wheels/kafka_cleaner-*.whl "jsonschema>=4.21,<5" \
+ && /opt/kafka-cleaner/bin/pip install --only-binary=:all: /wheels/kafka_cleaner-*.whl \
  && /opt/kafka-cleaner/bin/python -m compileall -q /opt/kafka-cleaner/lib \
  && /opt/kafka-cleaner/bin/kafka-cleaner --help > /dev/null \
  && /opt/kafka-cleaner/bin/kafka-cleaner-operator --help > /dev/null
