@@ -531,11 +531,16 @@ class LogCleanerManager:
                     self.last_clean_end[tp] = end_offset
                 finally:
                     del self._in_progress[tp]
-            elif s is not None and s.kind is CleaningState.ABORTED:
-                self._in_progress[tp] = _State(CleaningState.PAUSED, 1)
-                self._cond.notify_all()
             else:
-                raise RuntimeError(f"In-progress partition {tp} cannot be in {s!r} state.")
+                self._leave_aborted(tp, s)
+
+    def _leave_aborted(self, tp: TopicPartition, s: _State | None) -> None:
+        """The end of a clean or deletion that was aborted meanwhile: the partition stays paused
+        for whoever aborted it (holding ``_cond``), and wakes the thread waiting for that."""
+        if s is None or s.kind is not CleaningState.ABORTED:
+            raise RuntimeError(f"In-progress partition {tp} cannot be in {s!r} state.")
+        self._in_progress[tp] = _State(CleaningState.PAUSED, 1)
+        self._cond.notify_all()
 
     def deletable_logs(self) -> list[ManagedLog]:
         """Compacted logs for the retention step, marked in progress (§6.6, §10)."""
@@ -553,11 +558,8 @@ class LogCleanerManager:
                 s = self._in_progress.get(tp)
                 if s is not None and s.kind is CleaningState.IN_PROGRESS:
                     del self._in_progress[tp]
-                elif s is not None and s.kind is CleaningState.ABORTED:
-                    self._in_progress[tp] = _State(CleaningState.PAUSED, 1)
-                    self._cond.notify_all()
                 else:
-                    raise RuntimeError(f"In-progress partition {tp} cannot be in {s!r} state.")
+                    self._leave_aborted(tp, s)
 
     # -- uncleanable partitions ----------------------------------------------------------
     def mark_partition_uncleanable(self, log_dir: LogDirectory, tp: TopicPartition, reason: str) -> None:

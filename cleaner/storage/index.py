@@ -27,6 +27,7 @@ import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Self
 
 import numpy as np
 
@@ -146,6 +147,49 @@ class _FixedSizeIndex:
         self._cols = _Columns()
         self._file_length: int | None = None  # length of the file it was read from
 
+    @classmethod
+    def from_bytes(
+        cls,
+        data: bytes | bytearray | memoryview,
+        base_offset: int,
+        *,
+        max_index_size: int | None = None,
+        path: PathLike | None = None,
+        strict: bool = True,
+    ) -> Self:
+        """Decode an index file's bytes (entries are ``DTYPE`` rows).
+
+        ``entries = len // ENTRY_SIZE`` as Kafka does; with ``strict`` a length that is not a multiple
+        of ``ENTRY_SIZE``, Kafka's ``sanityCheck`` and the ordering checks (``check_order``) raise
+        CorruptIndexError. ``max_index_size=None`` gives ``max_entries = entries`` (what a
+        broker has for a loaded, non-active segment's index).
+        """
+        length = len(data)
+        n = length // cls.ENTRY_SIZE
+        idx = cls(base_offset, max(max_index_size or 0, n * cls.ENTRY_SIZE, cls.ENTRY_SIZE), path=path)
+        if max_index_size is None:
+            idx._max_entries = n
+        idx._file_length = length
+        rows = np.frombuffer(data, dtype=cls.DTYPE, count=n)
+        idx._cols.extend(*idx._columns_from_rows(rows))
+        if strict:
+            idx._length_check()
+            idx.sanity_check()
+            idx.check_order()
+        return idx
+
+    @classmethod
+    def read(
+        cls, path: PathLike, base_offset: int, *, max_index_size: int | None = None, strict: bool = True
+    ) -> Self:
+        with open(path, "rb") as f:
+            data = f.read()
+        return cls.from_bytes(data, base_offset, max_index_size=max_index_size, path=path, strict=strict)
+
+    def _columns_from_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The two in-memory columns (absolute offsets, never relative ones) of decoded rows."""
+        raise NotImplementedError
+
     # -- size -------------------------------------------------------------------------
     @property
     def entries(self) -> int:
@@ -232,44 +276,8 @@ class OffsetIndex(_FixedSizeIndex):
     ENTRY_SIZE = 8
     DTYPE = OFFSET_INDEX_DTYPE
 
-    @classmethod
-    def from_bytes(
-        cls,
-        data: bytes | bytearray | memoryview,
-        base_offset: int,
-        *,
-        max_index_size: int | None = None,
-        path: PathLike | None = None,
-        strict: bool = True,
-    ) -> OffsetIndex:
-        """Decode an index file's bytes.
-
-        ``entries = len // 8`` as Kafka does; with ``strict`` a length that is not a multiple
-        of 8, Kafka's ``sanityCheck`` and the ordering checks (``check_order``) raise
-        CorruptIndexError. ``max_index_size=None`` gives ``max_entries = entries`` (what a
-        broker has for a loaded, non-active segment's index).
-        """
-        length = len(data)
-        n = length // cls.ENTRY_SIZE
-        idx = cls(base_offset, max(max_index_size or 0, n * cls.ENTRY_SIZE, cls.ENTRY_SIZE), path=path)
-        if max_index_size is None:
-            idx._max_entries = n
-        idx._file_length = length
-        rows = np.frombuffer(data, dtype=cls.DTYPE, count=n)
-        idx._cols.extend(rows["relative_offset"].astype(np.int64) + idx.base_offset, rows["position"].astype(np.int64))
-        if strict:
-            idx._length_check()
-            idx.sanity_check()
-            idx.check_order()
-        return idx
-
-    @classmethod
-    def read(
-        cls, path: PathLike, base_offset: int, *, max_index_size: int | None = None, strict: bool = True
-    ) -> OffsetIndex:
-        with open(path, "rb") as f:
-            data = f.read()
-        return cls.from_bytes(data, base_offset, max_index_size=max_index_size, path=path, strict=strict)
+    def _columns_from_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return rows["relative_offset"].astype(np.int64) + self.base_offset, rows["position"].astype(np.int64)
 
     # -- columns --------------------------------------------------------------------
     @property
@@ -512,38 +520,8 @@ class TimeIndex(_FixedSizeIndex):
     ENTRY_SIZE = 12
     DTYPE = TIME_INDEX_DTYPE
 
-    @classmethod
-    def from_bytes(
-        cls,
-        data: bytes | bytearray | memoryview,
-        base_offset: int,
-        *,
-        max_index_size: int | None = None,
-        path: PathLike | None = None,
-        strict: bool = True,
-    ) -> TimeIndex:
-        """Decode a time index file's bytes; see ``OffsetIndex.from_bytes``."""
-        length = len(data)
-        n = length // cls.ENTRY_SIZE
-        idx = cls(base_offset, max(max_index_size or 0, n * cls.ENTRY_SIZE, cls.ENTRY_SIZE), path=path)
-        if max_index_size is None:
-            idx._max_entries = n
-        idx._file_length = length
-        rows = np.frombuffer(data, dtype=cls.DTYPE, count=n)
-        idx._cols.extend(rows["timestamp"].astype(np.int64), rows["relative_offset"].astype(np.int64) + idx.base_offset)
-        if strict:
-            idx._length_check()
-            idx.sanity_check()
-            idx.check_order()
-        return idx
-
-    @classmethod
-    def read(
-        cls, path: PathLike, base_offset: int, *, max_index_size: int | None = None, strict: bool = True
-    ) -> TimeIndex:
-        with open(path, "rb") as f:
-            data = f.read()
-        return cls.from_bytes(data, base_offset, max_index_size=max_index_size, path=path, strict=strict)
+    def _columns_from_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return rows["timestamp"].astype(np.int64), rows["relative_offset"].astype(np.int64) + self.base_offset
 
     @property
     def timestamps(self) -> np.ndarray:
