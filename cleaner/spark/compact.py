@@ -148,6 +148,9 @@ def compact(
     faults: Mapping[str, Any] | None = None,
     time: Time = SYSTEM_TIME,
 ) -> CompactResult:
+    """Every eligible partition of the log dirs ``inputs`` cleaned by the engine, one Spark
+    task each, committed in place (holding each log dir's ``.lock``) or under ``output``.
+    Idempotent: the same plan commits once (see ``cleaner.spark.staging``)."""
     started = _time.perf_counter()
     given = {str(local_path(p, "input")): str(p) for p in inputs}
     roots = sorted(given)
@@ -216,9 +219,9 @@ def compact(
             run.write_json(MANIFEST, manifest)
         maybe_fail(faults, "before-commit")
         t1 = _time.perf_counter()
-        commit(run, manifest, policy)
+        refused = commit(run, manifest, policy)
         result.seconds["commit"] = _time.perf_counter() - t1
-        result.partitions = manifest["partitions"]
+        result.partitions = _with_refusals(manifest["partitions"], refused)
         result.seconds["total"] = _time.perf_counter() - started
         return result
     finally:
@@ -382,8 +385,9 @@ def _json(value: Any) -> bytes:
 # -- the commit ------------------------------------------------------------------------------
 
 
-def commit(run: RunDir, manifest: Mapping[str, Any], policy: Policy) -> None:
-    """Apply a manifest; safe to repeat after a crash at any point."""
+def commit(run: RunDir, manifest: Mapping[str, Any], policy: Policy) -> dict[str, str]:
+    """Apply a manifest; safe to repeat after a crash at any point. Returns the partitions
+    (``<root>/<partition>``) whose swap was refused, with why (their source is unchanged)."""
     checkpoints: dict[str, dict] = defaultdict(dict)
     for p in manifest["partitions"]:
         if p["checkpoint"] is not None:
@@ -397,21 +401,31 @@ def commit(run: RunDir, manifest: Mapping[str, Any], policy: Policy) -> None:
                 publish_dir(staged, out / p["rootKey"] / ref.tp.dir_name, run.path / "trash")
         for root, key in manifest["roots"]:
             write_output_root(out / key, root, checkpoints.get(root, {}))
-    else:
-        failed = []
+    failed: dict[str, str] = {}
+    if manifest["output"] is None:
         for p in manifest["partitions"]:
             if p["changed"]:
+                ref = PartitionRef(p["root"], p["topic"], p["partition"])
                 try:
                     _apply_in_place(run, p, policy)
                 except StalePlanError as e:
-                    failed.append(str(e))
-                    checkpoints[p["root"]].pop(PartitionRef(p["root"], p["topic"], p["partition"]).tp, None)
+                    log.error("not committed: %s", e)
+                    failed[str(ref.path)] = f"not committed: {e}"
+                    checkpoints[p["root"]].pop(ref.tp, None)
         for root, _ in manifest["roots"]:
             update_cleaner_checkpoint(root, checkpoints.get(root, {}))
-        for message in failed:
-            log.error("not committed: %s", message)
-    run.mark_committed({"partitions": len(manifest["partitions"])})
+    run.mark_committed({"partitions": len(manifest["partitions"]), "notCommitted": failed})
     run.clean_up()
+    return failed
+
+
+def _with_refusals(partitions: list[dict[str, Any]], refused: Mapping[str, str]) -> list[dict[str, Any]]:
+    """A refused swap is reported like an uncleanable partition (exit code 3)."""
+    out = []
+    for p in partitions:
+        reason = refused.get(str(PartitionRef(p["root"], p["topic"], p["partition"]).path))
+        out.append({**p, "uncleanable": reason} if reason else p)
+    return out
 
 
 def _apply_in_place(run: RunDir, p: Mapping[str, Any], policy: Policy) -> None:
@@ -452,6 +466,6 @@ def _resume_in_place(staging_root: Path, roots: Sequence[str], policy: Policy) -
         if not {root for root, _ in manifest["roots"]} & set(roots):
             continue
         log.warning("completing the commit of interrupted run %s", run.id)
-        commit(run, manifest, policy)
-        resumed = CompactResult(run.id, "committed", manifest["partitions"])
+        refused = commit(run, manifest, policy)
+        resumed = CompactResult(run.id, "committed", _with_refusals(manifest["partitions"], refused))
     return resumed

@@ -107,6 +107,9 @@ def compact_large(
     faults: Mapping[str, Any] | None = None,
     time: Time = SYSTEM_TIME,
 ) -> CompactLargeResult:
+    """One round of the partition in ``partition_dir`` (if it is eligible), committed in
+    place - holding its log dir's ``.lock`` - or into the log dir ``output``. Idempotent:
+    the same plan commits once (see ``cleaner.spark.staging``)."""
     started = _time.perf_counter()
     ref = partition_of_dir(local_path(partition_dir, "partition dir"))
     out = local_path(output, "--output") if output is not None else None
@@ -153,7 +156,9 @@ def _run(
     if run.committed:
         result.status = "already-committed"
         done = run.read_json(MANIFEST) or {}
+        result.first_dirty_offset = done.get("firstDirtyOffset")
         result.end_offset = done.get("endOffset")
+        result.groups = done.get("groups", [])
         return result
     manifest = run.read_json(MANIFEST)
     if manifest is None:

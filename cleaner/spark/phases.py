@@ -94,9 +94,10 @@ class KeyScope:
 
 @dataclass
 class TaskTimes:
-    """Per task of each kind, its wall time and the CPU time of its Python worker: how the
-    phases scale is read from these (the CPU sum is the work; wall sum / phase time is how
-    many tasks ran at once; CPU / wall is the share of a core a task got)."""
+    """Per unit of work (map: a segment; reduce: a reducer; rewrite: a group), its wall time
+    and the CPU time of its Python worker: how the phases scale is read from these (the CPU
+    sum is the work; wall sum / phase time is how many units ran at once; CPU / wall is the
+    share of a core a unit got)."""
 
     map: list[float] = field(default_factory=list)
     reduce: list[float] = field(default_factory=list)
@@ -204,16 +205,18 @@ def key_tasks(scopes: Sequence[KeyScope]) -> list[tuple[tuple[int, int], int]]:
 def map_slice(
     tasks: list[tuple[int, int]], scopes: Mapping[int, KeyScope], reducers: int, faults: Mapping | None, times: Any
 ) -> Iterator[tuple[int, tuple[int, int, int, int, bytes]]]:
-    """One map task: its segments' key blocks, keyed by reducer."""
-    clock = _Clock("map", times)
+    """One map task: its segments' key blocks, keyed by reducer (timed per segment: the
+    unit of phase 1's work)."""
     maybe_fail(faults, "phase1")
     logs: dict[int, Log] = {}
     for i, s in tasks:
+        clock = _Clock("map", times)
         scope = scopes[i]
         if i not in logs:
             logs[i] = _open(scope)
-        yield from _map_segment(scope, s, logs[i], reducers)
-    clock.done()
+        out = list(_map_segment(scope, s, logs[i], reducers))
+        clock.done()
+        yield from out
 
 
 # Flags of a map task's block.
@@ -446,12 +449,12 @@ def _round_job(
     for (i, _), n in sorted(slice_of.items()):
         if n not in round_slices[i]:
             round_slices[i].append(n)
-    layout = Layout(slice_of, dict(round_slices))
+    layout = sc.broadcast(Layout(slice_of, dict(round_slices)))
     shared = sc.broadcast({s.index: s for s in scopes})
     run_root = (str(run.root), run.id) if run is not None else None
     return (
         _keys_by_reducer(sc, scopes, reducers, faults, acc, shared)
-        .mapPartitionsWithIndex(lambda r, it: reduce_part(r, it, shared.value, layout, acc))
+        .mapPartitionsWithIndex(lambda r, it: reduce_part(r, it, shared.value, layout.value, acc))
         .partitionBy(len(slices), lambda key: key[0])
         .mapPartitionsWithIndex(lambda n, it: rewrite_slice(n, it, shared.value, reducers, run_root, faults, acc))
         .collect()

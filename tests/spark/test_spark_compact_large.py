@@ -1,0 +1,78 @@
+"""``spark compact-large``: one partition's round in two distributed phases, byte-identical
+to the single-node engine's on the same input and clock - also when the offset map fills
+up, and in a second round over a clean tail."""
+
+from __future__ import annotations
+
+import pytest
+from kafka_logs import snapshot_dir
+from spark_helpers import DAY, LARGE_TP, NOW, assert_same_partitions, checkpoint, copy_of, set_high_watermark
+
+from cleaner import cleaning
+from cleaner.clock import FixedTime
+from cleaner.config import parse_policy_text
+from cleaner.spark.compact_large import compact_large
+from cleaner.storage.log import Log
+from cleaner.storage.topic_partition import TopicPartition
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark")]
+
+
+def test_two_rounds_byte_identical_copy_on_write_then_in_place(spark, tmp_path, large, large_cleaned, large_policy):
+    expected = copy_of(large_cleaned, tmp_path / "expected")
+    before = snapshot_dir(large)
+    segments = len(Log.open(large / LARGE_TP.dir_name, read_only=True).segments)
+    assert segments >= 24
+
+    # Round 1, up to the high watermark, written to --output; the source is only read.
+    out = tmp_path / "out"
+    first = compact_large(spark, large / LARGE_TP.dir_name, large_policy, output=out, now_ms=NOW)
+    assert first.status == "committed"
+    assert len(first.groups) >= 3
+    assert snapshot_dir(large) == before
+    assert_same_partitions(expected, out, [LARGE_TP])
+    assert checkpoint(out) == checkpoint(expected) == {LARGE_TP: first.end_offset}
+
+    # Round 2 after the high watermark moved to the end, two days later (tombstones and
+    # markers stamped in round 1 expire): a clean tail, in place on the output.
+    log_end = Log.open(large / LARGE_TP.dir_name, read_only=True).log_end_offset
+    for root in (expected, out):
+        set_high_watermark(root, LARGE_TP, log_end)
+    later = NOW + 2 * DAY
+    cleaning.clean([expected], large_policy, FixedTime(later))
+    second = compact_large(spark, out / LARGE_TP.dir_name, large_policy, now_ms=later)
+    assert second.status == "committed"
+    assert second.first_dirty_offset == first.end_offset
+    assert_same_partitions(expected, out, [LARGE_TP])
+    assert checkpoint(out) == checkpoint(expected)
+
+    # Nothing is eligible any more: a rerun leaves everything as it is.
+    snapshot = snapshot_dir(out)
+    third = compact_large(spark, out / LARGE_TP.dir_name, large_policy, now_ms=later)
+    assert third.status == "not-eligible"
+    assert snapshot_dir(out) == snapshot
+
+
+def test_full_offset_map_ends_the_round_where_the_single_node_map_does(spark, tmp_path, fleet):
+    """A dedupe buffer holding ~60% of a partition's keys: each round stops where Kafka's
+    map fills up, so rounds repeat until nothing is eligible; the rounds in Spark (in place)
+    end at the same offsets and leave the same bytes."""
+    policy = parse_policy_text(
+        "topics:\n  - match: 'topic-.*'\n    cleanupPolicy: compact\n    segmentBytes: 131072\n"
+        "    minCleanableDirtyRatio: 0.01\ncleaner:\n  dedupeBufferSize: 5000\n"
+    )
+    tp = TopicPartition("topic-4", 0)
+    expected, data = copy_of(fleet, tmp_path / "expected"), copy_of(fleet, tmp_path / "data")
+    outcome = cleaning.clean([expected], policy, FixedTime(NOW))
+    ends = [r.end_offset for r in outcome.results if r.topic_partition == tp]
+    assert len(ends) >= 2  # the map filled up at least once
+
+    seen = []
+    for _ in range(len(ends) + 1):
+        result = compact_large(spark, data / tp.dir_name, policy, now_ms=NOW)
+        if result.status != "committed":
+            break
+        seen.append(result.end_offset)
+    assert seen == ends
+    assert_same_partitions(expected, data, [tp])
+    assert checkpoint(data)[tp] == checkpoint(expected)[tp]

@@ -1,0 +1,79 @@
+"""Exactly-once: a task that fails once is retried with the same result; a job killed
+before its commit changes nothing visible and a rerun finishes it; a rerun after the
+commit changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+from kafka_logs import snapshot_dir
+from spark_helpers import LARGE_TP, NOW, assert_same_partitions, checkpoint, compacted, copy_of, tree
+
+from cleaner.spark.compact import compact
+from cleaner.spark.compact_large import compact_large
+from cleaner.spark.staging import STAGING_DIR_NAME, InjectedFault
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark")]
+
+
+def unchanged(directory) -> dict:
+    """Every file but the log dir's ``.lock``, which taking the lock creates (as a broker)."""
+    return {k: v for k, v in snapshot_dir(directory).items() if k != ".lock"}
+
+
+def fail_once(tmp_path, *points: str) -> dict:
+    return {"fail_once": [{"point": p, "marker": str(tmp_path / f"failed-{p}")} for p in points]}
+
+
+def test_compact_large_in_place_killed_then_finished(spark, tmp_path, large, large_cleaned, large_policy):
+    data = copy_of(large, tmp_path / "data")
+    staging = tmp_path / STAGING_DIR_NAME  # the default: beside the log dir
+    source = unchanged(data)
+
+    # Killed after the Spark job, before the manifest; a map task and a rewrite task failed
+    # once on the way (retried by Spark).
+    faults = {**fail_once(tmp_path, "phase1", "phase2"), "fail": "before-manifest"}
+    with pytest.raises(InjectedFault):
+        compact_large(spark, data / LARGE_TP.dir_name, large_policy, now_ms=NOW, faults=faults)
+    assert (tmp_path / "failed-phase1").exists() and (tmp_path / "failed-phase2").exists()
+    assert unchanged(data) == source
+    (run,) = staging.iterdir()
+    assert not (run / "MANIFEST.json").exists()
+    staged = [p for p in tree(run / "done") if p.endswith(".log.cleaned")]
+    assert len(staged) >= 3
+
+    # Rerun, killed after the manifest, before the commit: the staged groups are reused.
+    with pytest.raises(InjectedFault):
+        compact_large(spark, data / LARGE_TP.dir_name, large_policy, now_ms=NOW, faults={"fail": "before-commit"})
+    assert unchanged(data) == source
+    assert (run / "MANIFEST.json").exists()
+
+    # Rerun: the commit runs from the manifest.
+    result = compact_large(spark, data / LARGE_TP.dir_name, large_policy, now_ms=NOW)
+    assert result.status == "committed" and result.run_id == run.name
+    assert all(g["reused"] for g in result.groups)
+    assert_same_partitions(large_cleaned, data, [LARGE_TP])
+    assert checkpoint(data) == checkpoint(large_cleaned)
+
+    # A rerun after the commit changes nothing.
+    snapshot = snapshot_dir(data)
+    again = compact_large(spark, data / LARGE_TP.dir_name, large_policy, now_ms=NOW)
+    assert again.status == "not-eligible"
+    assert snapshot_dir(data) == snapshot
+
+
+def test_compact_copy_on_write_killed_then_finished(spark, tmp_path, fleet, fleet_cleaned, fleet_policy):
+    out = tmp_path / "out"
+    source = snapshot_dir(fleet)
+    faults = {**fail_once(tmp_path, "compact"), "fail": "before-commit"}
+    with pytest.raises(InjectedFault):
+        compact(spark, [fleet], fleet_policy, output=out, now_ms=NOW, faults=faults)
+    assert (tmp_path / "failed-compact").exists()
+    assert snapshot_dir(fleet) == source
+    assert sorted(p.name for p in out.iterdir()) == [STAGING_DIR_NAME]  # nothing visible
+
+    result = compact(spark, [fleet], fleet_policy, output=out, now_ms=NOW)
+    assert result.status == "committed"
+    assert "job" not in result.seconds  # the manifest was there: only the commit ran
+    assert_same_partitions(fleet_cleaned, out / "data", compacted(fleet, fleet_policy))
+    assert checkpoint(out / "data") == checkpoint(fleet_cleaned)
+    assert snapshot_dir(fleet) == source
