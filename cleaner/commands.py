@@ -7,11 +7,13 @@ locked by another process (a running broker).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -47,7 +49,7 @@ now_option = click.option(
 )
 
 
-def _load(policy_path: Path) -> Policy:
+def load_policy_or_exit(policy_path: Path) -> Policy:
     try:
         return load_policy(policy_path)
     except PolicyError as e:
@@ -55,8 +57,23 @@ def _load(policy_path: Path) -> Policy:
         sys.exit(EXIT_USAGE)
 
 
-def _clock(now_ms: int | None) -> Time:
+def clock_for(now_ms: int | None) -> Time:
+    """``--now-ms`` pins the wall clock every rule reads (horizons, lags, producer expiry)."""
     return FixedTime(now_ms) if now_ms is not None else SYSTEM_TIME
+
+
+@contextlib.contextmanager
+def exit_codes_for_errors() -> Iterator[None]:
+    """A refused log dir lock exits 4; any other of our errors (bad input named with its file
+    and reason) exits 2, with the message on stderr and no traceback."""
+    try:
+        yield
+    except LogDirLockedError as e:
+        click.echo(f"kafka-cleaner: {e}", err=True)
+        sys.exit(EXIT_LOCKED)
+    except KafkaCleanerError as e:
+        click.echo(f"kafka-cleaner: {e}", err=True)
+        sys.exit(EXIT_USAGE)
 
 
 def _mb(n: float) -> str:
@@ -77,8 +94,8 @@ def clean_command(
     Takes each log dir's .lock like a broker does, so it refuses a directory that a
     running broker holds (exit 4). Exit 3 if some partition became uncleanable.
     """
-    policy = _load(policy_path)
-    time = _clock(now_ms)
+    policy = load_policy_or_exit(policy_path)
+    time = clock_for(now_ms)
     console = Console(stderr=True)
     stop = threading.Event()
     _on_signals(stop)
@@ -100,18 +117,12 @@ def clean_command(
         def meter(n: int) -> None:
             progress.advance(task, n)
 
-    try:
+    with exit_codes_for_errors():
         if progress is not None:
             with progress:
                 outcome = cleaning.clean(data_dir, policy, time, threads=threads, io_meter=meter, stop=stop)
         else:
             outcome = cleaning.clean(data_dir, policy, time, threads=threads, stop=stop)
-    except LogDirLockedError as e:
-        click.echo(f"kafka-cleaner: {e}", err=True)
-        sys.exit(EXIT_LOCKED)
-    except KafkaCleanerError as e:
-        click.echo(f"kafka-cleaner: {e}", err=True)
-        sys.exit(EXIT_USAGE)
     if as_json:
         click.echo(json.dumps(_outcome_json(outcome), indent=2))
     else:
@@ -195,26 +206,22 @@ def _on_signals(stop: threading.Event) -> None:
 def run_command(data_dir: tuple[Path, ...], policy_path: Path) -> None:
     """Run the cleaner threads (with backoff) until SIGTERM/SIGINT, then shut down
     gracefully: in-flight cleans abort and leave no temporary files."""
-    policy = _load(policy_path)
+    policy = load_policy_or_exit(policy_path)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log_dirs = [LogDirectory(p) for p in data_dir]
     stop = threading.Event()
     _on_signals(stop)
-    try:
-        with cleaning.locked(log_dirs):
-            manager = LogCleanerManager(log_dirs, policy, SYSTEM_TIME)
-            pool = LogCleaner(manager, policy.cleaner, SYSTEM_TIME)
-            pool.start()
-            try:
-                while not stop.wait(1.0):
-                    restarted = pool.restart_dead_threads()
-                    if restarted:
-                        logging.getLogger("cleaner").warning("restarted %d dead cleaner thread(s)", restarted)
-            finally:
-                pool.shutdown()
-    except LogDirLockedError as e:
-        click.echo(f"kafka-cleaner: {e}", err=True)
-        sys.exit(EXIT_LOCKED)
+    with exit_codes_for_errors(), cleaning.locked(log_dirs):
+        manager = LogCleanerManager(log_dirs, policy, SYSTEM_TIME)
+        pool = LogCleaner(manager, policy.cleaner, SYSTEM_TIME)
+        pool.start()
+        try:
+            while not stop.wait(1.0):
+                restarted = pool.restart_dead_threads()
+                if restarted:
+                    logging.getLogger("cleaner").warning("restarted %d dead cleaner thread(s)", restarted)
+        finally:
+            pool.shutdown()
 
 
 @click.command("status")
@@ -226,8 +233,8 @@ def status_command(data_dir: tuple[Path, ...], policy_path: Path, now_ms: int | 
     """Per partition: first dirty offset, clean/cleanable/uncleanable bytes, cleanable
     ratio, eligible now or why not, compaction delay, tombstones and the oldest one's
     age. Read-only: safe next to a live broker."""
-    policy = _load(policy_path)
-    statuses = cleaning.status(data_dir, policy, _clock(now_ms))
+    policy = load_policy_or_exit(policy_path)
+    statuses = cleaning.status(data_dir, policy, clock_for(now_ms))
     if as_json:
         click.echo(json.dumps([s.as_dict() for s in statuses], indent=2))
         return

@@ -19,16 +19,15 @@ from rich.console import Console
 from rich.table import Table
 
 from cleaner.commands import (
-    EXIT_LOCKED,
     EXIT_OK,
     EXIT_UNCLEANABLE,
     EXIT_USAGE,
-    _clock,
-    _load,
+    clock_for,
+    exit_codes_for_errors,
+    load_policy_or_exit,
     now_option,
     policy_option,
 )
-from cleaner.errors import KafkaCleanerError, LogDirLockedError
 
 from .report import FORMATS
 
@@ -95,13 +94,10 @@ def report_command(
     written to OUTPUT/partitions and OUTPUT/topics."""
     from .report import dataframes, report, write
 
-    policy = _load(policy_path) if policy_path is not None else None
+    policy = load_policy_or_exit(policy_path) if policy_path is not None else None
     spark = _session(master)
-    try:
-        rows, _, seconds = report(spark, inputs, policy, now_ms=now_ms, faults=_faults(), time=_clock(now_ms))
-    except KafkaCleanerError as e:
-        click.echo(f"kafka-cleaner: {e}", err=True)
-        sys.exit(EXIT_USAGE)
+    with exit_codes_for_errors():
+        rows, _, seconds = report(spark, inputs, policy, now_ms=now_ms, faults=_faults(), time=clock_for(now_ms))
     partitions, topics = dataframes(spark, rows)
     paths = write(partitions, topics, output, fmt)
     reclaim = sum(r["reclaimableBytes"] or 0 for r in rows)
@@ -134,18 +130,19 @@ def compact_command(
     (a path every executor sees; refused while a broker holds a log dir's .lock)."""
     from .compact import compact
 
-    policy = _load(policy_path)
+    policy = load_policy_or_exit(policy_path)
     spark = _session(master)
-    try:
+    with exit_codes_for_errors():
         result = compact(
-            spark, inputs, policy, output=output, now_ms=now_ms, staging=staging, faults=_faults(), time=_clock(now_ms)
+            spark,
+            inputs,
+            policy,
+            output=output,
+            now_ms=now_ms,
+            staging=staging,
+            faults=_faults(),
+            time=clock_for(now_ms),
         )
-    except LogDirLockedError as e:
-        click.echo(f"kafka-cleaner: {e}", err=True)
-        sys.exit(EXIT_LOCKED)
-    except KafkaCleanerError as e:
-        click.echo(f"kafka-cleaner: {e}", err=True)
-        sys.exit(EXIT_USAGE)
     rows = result.rows()
     if as_json:
         click.echo(json.dumps({"runId": result.run_id, "status": result.status, "partitions": rows}, indent=2))
@@ -196,9 +193,9 @@ def compact_large_command(
     the partition is cleaned in place."""
     from .compact_large import compact_large
 
-    policy = _load(policy_path)
+    policy = load_policy_or_exit(policy_path)
     spark = _session(master)
-    try:
+    with exit_codes_for_errors():
         result = compact_large(
             spark,
             partition_dir,
@@ -207,14 +204,8 @@ def compact_large_command(
             now_ms=now_ms,
             staging=staging,
             faults=_faults(),
-            time=_clock(now_ms),
+            time=clock_for(now_ms),
         )
-    except LogDirLockedError as e:
-        click.echo(f"kafka-cleaner: {e}", err=True)
-        sys.exit(EXIT_LOCKED)
-    except KafkaCleanerError as e:
-        click.echo(f"kafka-cleaner: {e}", err=True)
-        sys.exit(EXIT_USAGE)
     summary = result.as_dict()
     if as_json:
         click.echo(json.dumps(summary, indent=2))
