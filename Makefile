@@ -31,4 +31,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check cleaner operator tests bench
 
 bench: $(STAMP)
+	$(BIN)/python bench/clean.py
 	$(BIN)/python bench/format.py
+	$(BIN)/python bench/observe.py
+	$(BIN)/python bench/spark.py
