@@ -15,6 +15,7 @@ results byte-identical to the single-node engine.
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Sequence
 
@@ -335,6 +336,37 @@ def ragged_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + shift
 
 
+_SLICE_COPY_MIN = 64
+"""Ranges at least this long are copied slice by slice: a slice copy costs ~0.3 µs whatever
+its length, a byte-index gather ~3 ns per byte (bench: 95-byte ranges 0.29 vs 0.40 µs)."""
+_GATHER_BLOCK = 1 << 16
+"""Bytes per byte-index gather: the int64 index temporaries (16 bytes per byte copied) stay
+in cache and bounded; one gather over a 4 MiB chunk needs 64 MiB of them and runs 3x slower."""
+
+
+def copy_ranges(
+    dst: np.ndarray, dst_starts: np.ndarray, src: np.ndarray, src_starts: np.ndarray, lengths: np.ndarray
+) -> None:
+    """``dst[d:d + n] = src[s:s + n]`` for every range (uint8 arrays)."""
+    dst_starts = np.asarray(dst_starts, dtype=np.int64)
+    src_starts = np.asarray(src_starts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    long = lengths >= _SLICE_COPY_MIN
+    if long.any():
+        to, frm = memoryview(dst), memoryview(src)
+        for d, s, n in zip(dst_starts[long].tolist(), src_starts[long].tolist(), lengths[long].tolist(), strict=True):
+            to[d : d + n] = frm[s : s + n]
+        short = ~long
+        dst_starts, src_starts, lengths = dst_starts[short], src_starts[short], lengths[short]
+    if lengths.size == 0:
+        return
+    ends = np.cumsum(lengths)
+    cuts = np.searchsorted(ends, np.arange(_GATHER_BLOCK, int(ends[-1]), _GATHER_BLOCK), side="right")
+    for a, b in itertools.pairwise([0, *np.unique(cuts).tolist(), lengths.size]):
+        if b > a:
+            dst[ragged_ranges(dst_starts[a:b], lengths[a:b])] = src[ragged_ranges(src_starts[a:b], lengths[a:b])]
+
+
 def _reencode_records(columns: RecordColumns, rows: np.ndarray, deltas: np.ndarray) -> tuple[bytes, np.ndarray]:
     """The ``rows``, each as ``length | attributes 0 | timestampDelta | body``, concatenated;
     and where each record ends in the result. New prefixes are encoded as a column and
@@ -359,6 +391,6 @@ def _reencode_records(columns: RecordColumns, rows: np.ndarray, deltas: np.ndarr
     ends = np.cumsum(total_len)
     out_start = ends - total_len
     out = np.empty(int(ends[-1]), dtype=np.uint8)
-    out[ragged_ranges(out_start, prefix_len)] = prefix
-    out[ragged_ranges(out_start + prefix_len, body_len)] = raw[ragged_ranges(body_start, body_len)]
+    copy_ranges(out, out_start, prefix, np.cumsum(prefix_len) - prefix_len, prefix_len)
+    copy_ranges(out, out_start + prefix_len, raw, body_start, body_len)
     return out.tobytes(), ends
