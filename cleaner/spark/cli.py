@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,23 @@ def _session(master: str | None) -> Any:
         click.echo("kafka-cleaner: the spark commands need pyspark (pip install 'kafka-cleaner[spark]')", err=True)
         sys.exit(EXIT_USAGE)
     return spark_session(master)
+
+
+def _run_job(
+    job: Callable[..., Any],
+    target: Any,
+    policy_path: Path,
+    output: Path | None,
+    now_ms: int | None,
+    staging: Path | None,
+    master: str | None,
+) -> Any:
+    """A compacting job on ``target`` with the options both compact commands share."""
+    policy = load_policy_or_exit(policy_path)
+    spark = _session(master)
+    with exit_codes_for_errors():
+        time = clock_for(now_ms)
+        return job(spark, target, policy, output=output, now_ms=now_ms, staging=staging, faults=_faults(), time=time)
 
 
 @click.group("spark")
@@ -130,19 +148,7 @@ def compact_command(
     (a path every executor sees; refused while a broker holds a log dir's .lock)."""
     from .compact import compact
 
-    policy = load_policy_or_exit(policy_path)
-    spark = _session(master)
-    with exit_codes_for_errors():
-        result = compact(
-            spark,
-            inputs,
-            policy,
-            output=output,
-            now_ms=now_ms,
-            staging=staging,
-            faults=_faults(),
-            time=clock_for(now_ms),
-        )
+    result = _run_job(compact, inputs, policy_path, output, now_ms, staging, master)
     rows = result.rows()
     if as_json:
         click.echo(json.dumps({"runId": result.run_id, "status": result.status, "partitions": rows}, indent=2))
@@ -193,19 +199,7 @@ def compact_large_command(
     the partition is cleaned in place."""
     from .compact_large import compact_large
 
-    policy = load_policy_or_exit(policy_path)
-    spark = _session(master)
-    with exit_codes_for_errors():
-        result = compact_large(
-            spark,
-            partition_dir,
-            policy,
-            output=output,
-            now_ms=now_ms,
-            staging=staging,
-            faults=_faults(),
-            time=clock_for(now_ms),
-        )
+    result = _run_job(compact_large, partition_dir, policy_path, output, now_ms, staging, master)
     summary = result.as_dict()
     if as_json:
         click.echo(json.dumps(summary, indent=2))

@@ -241,6 +241,30 @@ class _FixedSizeIndex:
             reason, path=self.path, position=None if slot is None else slot * self.ENTRY_SIZE, offset=offset
         )
 
+    def _check_first_offset(self, offsets: np.ndarray) -> None:
+        if offsets[0] < self.base_offset:
+            raise self._corrupt(
+                f"entry 0 has offset {int(offsets[0])} below the base offset {self.base_offset}",
+                slot=0,
+                offset=int(offsets[0]),
+            )
+
+    def _check_increasing(
+        self, values: np.ndarray, offsets: np.ndarray, name: str, *, strict: bool, hint: str = ""
+    ) -> None:
+        """CorruptIndexError naming the first entry whose ``name`` column goes back (or, with
+        ``strict``, does not go forward)."""
+        steps = np.diff(values)
+        bad = np.nonzero(steps <= 0 if strict else steps < 0)[0]
+        if len(bad):
+            i = int(bad[0]) + 1
+            relation = "not greater than" if strict else "below"
+            raise self._corrupt(
+                f"entry {i} has {name} {int(values[i])} {relation} the previous entry's {int(values[i - 1])}{hint}",
+                slot=i,
+                offset=int(offsets[i]),
+            )
+
     def _length_check(self) -> None:
         if self.length % self.ENTRY_SIZE != 0:
             raise self._corrupt(
@@ -403,31 +427,11 @@ class OffsetIndex(_FixedSizeIndex):
         offs, pos = self._cols.a, self._cols.b
         if not len(offs):
             return
-        if offs[0] < self.base_offset:
-            raise self._corrupt(
-                f"entry 0 has offset {int(offs[0])} below the base offset {self.base_offset}",
-                slot=0,
-                offset=int(offs[0]),
-            )
-        bad = np.nonzero(np.diff(offs) <= 0)[0]
-        if len(bad):
-            i = int(bad[0]) + 1
-            raise self._corrupt(
-                f"entry {i} has offset {int(offs[i])} not greater than the previous entry's {int(offs[i - 1])} "
-                f"(zero-filled or garbage index?)",
-                slot=i,
-                offset=int(offs[i]),
-            )
+        self._check_first_offset(offs)
+        self._check_increasing(offs, offs, "offset", strict=True, hint=" (zero-filled or garbage index?)")
         if pos[0] < 0:
             raise self._corrupt(f"entry 0 has negative position {int(pos[0])}", slot=0, offset=int(offs[0]))
-        bad = np.nonzero(np.diff(pos) < 0)[0]
-        if len(bad):
-            i = int(bad[0]) + 1
-            raise self._corrupt(
-                f"entry {i} has position {int(pos[i])} below the previous entry's {int(pos[i - 1])}",
-                slot=i,
-                offset=int(offs[i]),
-            )
+        self._check_increasing(pos, offs, "position", strict=False)
 
     def verify_against(
         self, batch_positions: ArrayLike, batch_last_offsets: ArrayLike, *, exact: bool = False
@@ -674,29 +678,9 @@ class TimeIndex(_FixedSizeIndex):
         ts, offs = self._cols.a, self._cols.b
         if not len(ts):
             return
-        if offs[0] < self.base_offset:
-            raise self._corrupt(
-                f"entry 0 has offset {int(offs[0])} below the base offset {self.base_offset}",
-                slot=0,
-                offset=int(offs[0]),
-            )
-        bad = np.nonzero(np.diff(ts) <= 0)[0]
-        if len(bad):
-            i = int(bad[0]) + 1
-            raise self._corrupt(
-                f"entry {i} has timestamp {int(ts[i])} not greater than the previous entry's {int(ts[i - 1])} "
-                f"(zero-filled or garbage time index?)",
-                slot=i,
-                offset=int(offs[i]),
-            )
-        bad = np.nonzero(np.diff(offs) < 0)[0]
-        if len(bad):
-            i = int(bad[0]) + 1
-            raise self._corrupt(
-                f"entry {i} has offset {int(offs[i])} below the previous entry's {int(offs[i - 1])}",
-                slot=i,
-                offset=int(offs[i]),
-            )
+        self._check_first_offset(offs)
+        self._check_increasing(ts, offs, "timestamp", strict=True, hint=" (zero-filled or garbage time index?)")
+        self._check_increasing(offs, offs, "offset", strict=False)
 
     def verify_against(
         self, batch_last_offsets: ArrayLike, batch_max_timestamps: ArrayLike, *, closed: bool = True
