@@ -133,6 +133,20 @@ class PartitionStatus:
                 self.oldest_tombstone_age_ms / 1000.0 if self.oldest_tombstone_age_ms is not None else None
             ),
             "pendingStartup": r.pending_startup,
+            "lsoHolder": self._lso_holder(),
+        }
+
+    def _lso_holder(self) -> dict | None:
+        holder = self.report.lso_holder
+        if holder is None:
+            return None
+        started = holder.start_timestamp_ms
+        return {
+            "producerId": holder.producer_id,
+            "producerEpoch": holder.producer_epoch,
+            "firstOffset": holder.first_offset,
+            "startTimestampMs": started,
+            "ageSeconds": None if started is None else max(self.now_ms - started, 0) / 1000,
         }
 
 

@@ -19,6 +19,8 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from cleaner.clock import Time
 from cleaner.config import Policy, TopicRule
 from cleaner.errors import KafkaCleanerError, LogCleaningAbortedError
@@ -117,6 +119,20 @@ class PartitionReport:
     segments: int = 0
     size_bytes: int = 0
     pending_startup: list[str] = field(default_factory=list)
+    lso_holder: HangingTransaction | None = None
+    """The open transaction that pins the last stable offset, when one does."""
+
+
+@dataclass(frozen=True)
+class HangingTransaction:
+    """The transaction holding a partition's LSO: what ``kafka-transactions.sh abort``
+    needs (``--topic``, ``--partition``, ``--start-offset``), and how long it has been open."""
+
+    producer_id: int
+    producer_epoch: int
+    first_offset: int
+    start_timestamp_ms: int | None
+    """The timestamp of the transaction's first batch (None if that batch is gone)."""
 
 
 @dataclass
@@ -276,6 +292,27 @@ class LogCleanerManager:
         _, first_unstable = self._producer_facts(managed, now)
         lso = high_watermark if first_unstable is None else min(first_unstable, high_watermark)
         return lso, high_watermark
+
+    def hanging_transaction(self, managed: ManagedLog, now: int) -> HangingTransaction | None:
+        """The open transaction below the high watermark that the LSO stops at, if any."""
+        high_watermark = managed.log_dir.high_watermarks().get(managed.topic_partition)
+        if high_watermark is None:
+            return None
+        self._producer_facts(managed, now)
+        holder = self._producer_state[managed.topic_partition].state.lso_holder(high_watermark)
+        if holder is None or holder[2] >= high_watermark:
+            return None
+        pid, epoch, first = holder
+        started = None
+        for batches in managed.log.iter_batches(first):
+            at = np.flatnonzero((batches.base_offsets <= first) & (batches.last_offsets >= first))
+            if len(at):
+                i = int(at[0])
+                started = int(batches.headers["base_timestamp"][i])
+                if batches.has_delete_horizon[i]:
+                    started = int(batches.max_timestamps[i])
+            break
+        return HangingTransaction(pid, epoch, first, started)
 
     def cleanable_offsets(self, managed: ManagedLog, checkpoint: int | None, now: int) -> OffsetsToClean:
         """KAFKA_NOTES §6.2-§6.3: the first dirty offset (with Kafka's reset rules) and the
@@ -438,6 +475,8 @@ class LogCleanerManager:
             return report
         report.first_dirty_offset = ltc.first_dirty_offset
         report.first_uncleanable_offset = ltc.first_uncleanable_offset
+        if offsets.binding == "lso":
+            report.lso_holder = self.hanging_transaction(managed, now)
         report.clean_bytes = ltc.clean_bytes
         report.cleanable_bytes = ltc.cleanable_bytes
         report.uncleanable_bytes = max(report.size_bytes - ltc.clean_bytes - ltc.cleanable_bytes, 0)
