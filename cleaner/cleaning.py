@@ -134,6 +134,9 @@ class PartitionStatus:
             ),
             "pendingStartup": r.pending_startup,
             "lsoHolder": self._lso_holder(),
+            "clusterConfig": r.cluster_config,
+            "configSources": r.config_sources,
+            "configNotes": r.config_notes,
         }
 
     def _lso_holder(self) -> dict | None:

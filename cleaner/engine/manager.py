@@ -24,8 +24,11 @@ import numpy as np
 from cleaner.clock import Time
 from cleaner.config import Policy, TopicRule
 from cleaner.errors import KafkaCleanerError, LogCleaningAbortedError
+from cleaner.effective_config import EffectiveRule, effective_rule
+from cleaner.storage.cluster_metadata import ClusterMetadata, ClusterMetadataReader, find_metadata_dir
 from cleaner.storage.log import Log, LogConfig, replay_batches
 from cleaner.storage.log_dir import LogDirectory
+from cleaner.storage.metadata import read_meta_properties
 from cleaner.storage.producer_state import ActiveProducer, ProducerStateManager
 from cleaner.storage.topic_partition import TopicPartition
 
@@ -77,6 +80,8 @@ class ManagedLog:
     topic_partition: TopicPartition
     log: Log
     rule: TopicRule
+    """The effective rule: the policy's merged with the cluster's config (``effective_config``)."""
+    config: EffectiveRule | None = None
 
     @property
     def compacted(self) -> bool:
@@ -121,6 +126,11 @@ class PartitionReport:
     pending_startup: list[str] = field(default_factory=list)
     lso_holder: HangingTransaction | None = None
     """The open transaction that pins the last stable offset, when one does."""
+    config_sources: dict[str, str] = field(default_factory=dict)
+    """Kafka key -> where its effective value came from: cluster, policy or default."""
+    cluster_config: bool = False
+    """Whether the cluster's own topic configs were read (a KRaft metadata log on disk)."""
+    config_notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -166,6 +176,8 @@ class LogCleanerManager:
         self.time_of_last_run = time.milliseconds()
         self.dirtiest_log_cleanable_ratio = 0.0
         self.last_clean_end: dict[TopicPartition, int] = {}
+        self._cluster_reader: ClusterMetadataReader | None = None
+        self.cluster_metadata_error: str | None = None
 
     # -- the set of logs ------------------------------------------------------------------
     def logs(self) -> dict[TopicPartition, ManagedLog]:
@@ -173,22 +185,51 @@ class LogCleanerManager:
         that appeared are opened, those that disappeared are forgotten."""
         with self._lock:
             seen: set[TopicPartition] = set()
+            cluster, broker_id = self._cluster_metadata()
             for log_dir in self.log_dirs:
                 if not log_dir.exists():
                     continue
                 starts = log_dir.log_start_offsets()
                 for tp in log_dir.partition_dirs():
-                    rule = self.policy.rule_for(tp.topic)
-                    if rule is None:
+                    policy_rule = self.policy.rule_for(tp.topic)
+                    if policy_rule is None:
                         continue
+                    config = effective_rule(policy_rule, cluster.topic(tp.topic, broker_id) if cluster else None)
+                    rule = config.rule
                     seen.add(tp)
                     managed = self._logs.get(tp)
                     if managed is None or managed.rule != rule or managed.log.needs_reopen:
                         the_log = log_dir.open_log(tp, log_config_for(rule), log_start_offset=starts.get(tp))
                         self._logs[tp] = ManagedLog(log_dir, tp, the_log, rule)
+                    self._logs[tp].config = config
             for tp in [tp for tp in self._logs if tp not in seen]:
                 del self._logs[tp]
             return dict(self._logs)
+
+    def _cluster_metadata(self) -> tuple[ClusterMetadata | None, int | None]:
+        """The cluster's topic configs from the KRaft metadata log on these disks, if one is
+        here (``effective_config``). Unreadable metadata leaves the policy's values standing
+        and is reported (``cluster_metadata_error``), never stops the cleaner."""
+        found = find_metadata_dir([d.path for d in self.log_dirs if d.exists()])
+        if found is None:
+            self._cluster_reader = None
+            return None, None
+        if self._cluster_reader is None or self._cluster_reader.dir != found:
+            self._cluster_reader = ClusterMetadataReader(found)
+        try:
+            metadata = self._cluster_reader.refresh()
+        except (KafkaCleanerError, OSError) as e:
+            if self.cluster_metadata_error != str(e):
+                log.warning("Cannot read the cluster's topic configs; the policy's values stand: %s", e)
+            self.cluster_metadata_error = str(e)
+            self._cluster_reader = None
+            return None, None
+        self.cluster_metadata_error = None
+        try:
+            broker_id = read_meta_properties(found.parent / "meta.properties").node_id
+        except (KafkaCleanerError, OSError):
+            broker_id = None
+        return metadata, broker_id
 
     def set_policy(self, policy: Policy) -> None:
         """A new policy: rules apply from the next selection round."""
@@ -464,6 +505,10 @@ class LogCleanerManager:
             min_cleanable_ratio=managed.rule.min_cleanable_dirty_ratio,
             pending_startup=list(the_log.pending_startup),
         )
+        if managed.config is not None:
+            report.config_sources = dict(managed.config.sources)
+            report.cluster_config = managed.config.cluster_known
+            report.config_notes = list(managed.config.notes)
         try:
             report.size_bytes = the_log.size_in_bytes
             report.log_end_offset = the_log.log_end_offset

@@ -145,20 +145,64 @@ def read_cluster_metadata(partition_dir: str | os.PathLike[str]) -> ClusterMetad
     metadata records; a truncated batch at the very end of the last segment (a broker
     killed mid-append) ends the replay, as Kafka's recovery would truncate it.
     """
-    directory = Path(partition_dir)
-    state = ClusterMetadata(path=directory)
-    names = sorted(os.listdir(directory))
-    snapshots = sorted((int(m.group(1)), n) for n in names if (m := _SNAPSHOT.match(n)))
-    segments = sorted((int(m.group(1)), n) for n in names if (m := _SEGMENT.match(n)))
-    replay = _Replay(state)
-    if snapshots:
-        end, name = snapshots[-1]
-        replay.file(directory / name, from_offset=0, last=False)
-        state.snapshot = name
-        state.end_offset = end
-    for i, (_base, name) in enumerate(segments):
-        replay.file(directory / name, from_offset=state.end_offset, last=i == len(segments) - 1)
-    return state
+    return ClusterMetadataReader(partition_dir).refresh()
+
+
+class ClusterMetadataReader:
+    """Keeps a metadata replay current as the controller appends to it.
+
+    A live KRaft quorum appends to ``__cluster_metadata`` all the time (a ``NoOpRecord``
+    every ``metadata.max.idle.interval.ms``), so each refresh reads only the bytes added
+    since the last one; a new snapshot, a deleted or shrunk segment (truncation) start
+    the replay over.
+    """
+
+    def __init__(self, partition_dir: str | os.PathLike[str]) -> None:
+        self.dir = Path(partition_dir)
+        self._state: ClusterMetadata | None = None
+        self._replay: _Replay | None = None
+        self._read: dict[str, int] = {}  # segment name -> position read up to
+
+    def refresh(self) -> ClusterMetadata:
+        names = sorted(os.listdir(self.dir))
+        snapshots = sorted((int(m.group(1)), n) for n in names if (m := _SNAPSHOT.match(n)))
+        segments = sorted((n for n in names if _SEGMENT.match(n)), key=lambda n: int(n[:20]))
+        snapshot = snapshots[-1][1] if snapshots else None
+        state = self._state
+        if state is None or not self._still_valid(snapshot, segments):
+            state = ClusterMetadata(path=self.dir)
+            self._replay = _Replay(state)
+            self._read = {}
+            if snapshots:
+                end, name = snapshots[-1]
+                self._replay.file(self.dir / name, from_offset=0, last=False)
+                state.snapshot = name
+                state.end_offset = end
+            self._state = state
+        assert self._replay is not None
+        for i, name in enumerate(segments):
+            size = (self.dir / name).stat().st_size
+            position = self._read.get(name, 0)
+            if position < size:
+                last = i == len(segments) - 1
+                position = self._replay.file(
+                    self.dir / name, from_offset=state.end_offset, last=last, position=position, end=size
+                )
+            self._read[name] = position
+        return state
+
+    def _still_valid(self, snapshot: str | None, segments: list[str]) -> bool:
+        assert self._state is not None
+        if snapshot != self._state.snapshot and snapshot is not None:
+            end = int(snapshot[:20])
+            if end > self._state.end_offset:
+                return False
+        for name, position in self._read.items():
+            if name not in segments:
+                return False
+            if (self.dir / name).stat().st_size < position:
+                return False
+        return True
 
 
 class _Replay:
@@ -168,8 +212,11 @@ class _Replay:
         self.state = state
         self.pending: list[tuple[int, int, memoryview, str, int]] | None = None
 
-    def file(self, path: Path, *, from_offset: int, last: bool) -> None:
-        for batches in iter_file_batches(path, allow_truncated_tail=last):
+    def file(self, path: Path, *, from_offset: int, last: bool, position: int = 0, end: int | None = None) -> int:
+        """Apply the file's records at or above ``from_offset``; returns the position after
+        the last complete batch (where the next refresh goes on)."""
+        for batches in iter_file_batches(path, position, end, allow_truncated_tail=last):
+            position = int(batches.file_positions[-1] + batches.sizes[-1])
             keep = (batches.next_offsets > from_offset) & ~batches.is_control & batches.is_v2
             if not keep.any():
                 continue
@@ -182,9 +229,10 @@ class _Replay:
                 value = cols.value(i)
                 if value is None:
                     continue
-                position = int(selected.file_positions[int(cols.batch[i])])
-                self.record(memoryview(value), str(path), position, offset)
+                batch_position = int(selected.file_positions[int(cols.batch[i])])
+                self.record(memoryview(value), str(path), batch_position, offset)
                 self.state.end_offset = offset + 1
+        return position
 
     def record(self, value: memoryview, path: str, position: int, offset: int) -> None:
         try:

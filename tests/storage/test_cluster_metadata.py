@@ -7,62 +7,17 @@ import uuid
 from pathlib import Path
 
 import pytest
+from metadata_logs import ABORT, BEGIN, END, config_record, remove_topic_record, topic_record, write_metadata_log
 
 from cleaner.config import CleanupPolicy, TopicRule
 from cleaner.effective_config import CLUSTER, DEFAULT, POLICY, effective_rule
 from cleaner.errors import CorruptRecordError
-from cleaner.records.builder import build_batch
-from cleaner.records.record import Record
-from cleaner.storage.cluster_metadata import ConfigValue, find_metadata_dir, read_cluster_metadata
-
-
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _compact(text: str | None) -> bytes:
-    if text is None:
-        return b"\x00"
-    raw = text.encode()
-    return _uvarint(len(raw) + 1) + raw
-
-
-def _record(api_key: int, body: bytes) -> bytes:
-    # frame version 1, API key, version 0, the fields, no tagged fields.
-    return _uvarint(1) + _uvarint(api_key) + _uvarint(0) + body + b"\x00"
-
-
-def topic_record(name: str, topic_id: uuid.UUID) -> bytes:
-    return _record(2, _compact(name) + topic_id.bytes)
-
-
-def remove_topic_record(topic_id: uuid.UUID) -> bytes:
-    return _record(9, topic_id.bytes)
-
-
-def config_record(resource_type: int, resource: str, key: str, value: str | None) -> bytes:
-    return _record(4, bytes([resource_type]) + _compact(resource) + _compact(key) + _compact(value))
-
-
-BEGIN, END, ABORT = _record(23, b""), _record(24, b""), _record(25, b"")
-
-
-def write_metadata_log(path: Path, values: list[bytes], base_offset: int = 0, per_batch: int = 3) -> int:
-    """Metadata records in batches of ``per_batch``, as the controller appends them."""
-    out = bytearray()
-    offset = base_offset
-    for i in range(0, len(values), per_batch):
-        chunk = values[i : i + per_batch]
-        records = [Record(offset + j, 1_700_000_000_000, None, v, ()) for j, v in enumerate(chunk)]
-        out += build_batch(records)
-        offset += len(chunk)
-    path.write_bytes(bytes(out))
-    return offset
+from cleaner.storage.cluster_metadata import (
+    ClusterMetadataReader,
+    ConfigValue,
+    find_metadata_dir,
+    read_cluster_metadata,
+)
 
 
 def test_topic_and_broker_configs_replay_in_order(tmp_path: Path) -> None:
@@ -244,3 +199,25 @@ def test_a_value_the_cluster_wrote_badly_leaves_the_policy_standing() -> None:
     eff = effective_rule(rule, _cluster(delete_retention_ms="soon"))
     assert eff.rule.delete_retention_ms == 7
     assert "does not parse" in eff.notes[0]
+
+
+def test_a_reader_follows_appends_and_starts_over_on_truncation(tmp_path: Path) -> None:
+    d = tmp_path / "__cluster_metadata-0"
+    d.mkdir()
+    log = d / "00000000000000000000.log"
+    t = uuid.uuid4()
+    end = write_metadata_log(log, [topic_record("t", t), config_record(2, "t", "retention.ms", "1")])
+    reader = ClusterMetadataReader(d)
+    assert reader.refresh().topic_configs["t"] == {"retention.ms": "1"}
+    first = log.read_bytes()
+    more = d / "more.log"
+    write_metadata_log(more, [config_record(2, "t", "retention.ms", "2")], base_offset=end)
+    with log.open("ab") as f:
+        f.write(more.read_bytes())
+    more.unlink()
+    state = reader.refresh()
+    assert state.topic_configs["t"] == {"retention.ms": "2"}
+    assert state.end_offset == end + 1
+    # A truncation back to the first batches (a diverged leader's log) replays from scratch.
+    log.write_bytes(first[: len(first) // 2])
+    assert reader.refresh().topic_configs == {}
