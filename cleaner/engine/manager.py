@@ -23,8 +23,8 @@ import numpy as np
 
 from cleaner.clock import Time
 from cleaner.config import Policy, TopicRule
-from cleaner.errors import KafkaCleanerError, LogCleaningAbortedError
 from cleaner.effective_config import EffectiveRule, effective_rule
+from cleaner.errors import KafkaCleanerError, LogCleaningAbortedError
 from cleaner.storage.cluster_metadata import ClusterMetadata, ClusterMetadataReader, find_metadata_dir
 from cleaner.storage.log import Log, LogConfig, replay_batches
 from cleaner.storage.log_dir import LogDirectory

@@ -27,6 +27,8 @@ producer state (all small next to superseded values in a log that needs cleaning
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,13 +133,17 @@ def estimate_next_clean(
     now_ms: int,
     delete_retention_ms: int,
     max_sampled_keys: int = MAX_SAMPLED_KEYS,
+    throttle: Callable[[int], None] | None = None,
 ) -> NextCleanEstimate:
-    """Read ``the_log`` below ``first_uncleanable_offset`` once, without changing it."""
+    """Read ``the_log`` below ``first_uncleanable_offset`` once, without changing it.
+    ``throttle`` is called with the bytes of each chunk read (``maxIoBytesPerSecond``)."""
     distinct = DistinctKeys()
     sample = _Sample(max_sampled_keys)
     dirty_records = 0
     growth = 0.0
     for batches in the_log.iter_batches(the_log.log_start_offset):
+        if throttle is not None:
+            throttle(batches.total_bytes)
         keep = (batches.base_offsets < first_uncleanable_offset) & ~batches.is_control & batches.is_v2
         if not keep.any():
             if int(batches.base_offsets.min()) >= first_uncleanable_offset:
@@ -176,6 +182,40 @@ def estimate_next_clean(
         sampled_keys=len(sample.dirty) + len(sample.clean_bytes),
         sampling_rate=sample.rate,
     )
+
+
+class NextCleanCache:
+    """Estimates kept per partition while the section they describe is unchanged: the
+    sidecar rescans every interval, but the cleanable section changes only when a segment
+    rolls, a clean runs or retention deletes a segment."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[object, tuple[tuple, NextCleanEstimate]] = {}
+
+    def get(self, key: object, shape: tuple) -> NextCleanEstimate | None:
+        with self._lock:
+            entry = self._entries.get(key)
+        return entry[1] if entry is not None and entry[0] == shape else None
+
+    def put(self, key: object, shape: tuple, estimate: NextCleanEstimate) -> None:
+        with self._lock:
+            self._entries[key] = (shape, estimate)
+
+    def retain(self, keys: set[object]) -> None:
+        """Forget partitions that are gone (memory follows the partitions on disk)."""
+        with self._lock:
+            self._entries = {k: v for k, v in self._entries.items() if k in keys}
+
+
+def section_shape(the_log: Log, first_dirty_offset: int, first_uncleanable_offset: int) -> tuple:
+    """What an estimate depends on: the section's bounds and its segments' identities."""
+    segments = tuple(
+        (s.base_offset, s.size, s.last_modified_ms)
+        for s in the_log.segments
+        if s.base_offset < first_uncleanable_offset
+    )
+    return (the_log.log_start_offset, first_dirty_offset, first_uncleanable_offset, segments)
 
 
 def _on_disk_share(cols: RecordColumns) -> np.ndarray:

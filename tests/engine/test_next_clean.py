@@ -15,7 +15,7 @@ from cleaner import cleaning
 from cleaner.clock import MockTime
 from cleaner.config import parse_policy
 from cleaner.engine.manager import log_config_for
-from cleaner.engine.next_clean import DistinctKeys, _bit_length, estimate_next_clean
+from cleaner.engine.next_clean import DistinctKeys, NextCleanCache, _bit_length, estimate_next_clean
 from cleaner.engine.offset_map import OffsetMap, kafka_offset_map_capacity, offset_map_capacity
 from cleaner.generate import GeneratorConfig, generate
 from cleaner.records.columns import decode_records
@@ -145,3 +145,23 @@ def test_distinct_keys_within_five_percent(n: int) -> None:
     hll.add(hashes)
     hll.add(hashes[: n // 2])  # repeats change nothing
     assert hll.estimate() == pytest.approx(n, rel=0.05, abs=1)
+
+
+def test_status_reports_the_next_clean_and_reuses_it_while_the_section_is_unchanged(tmp_path: Path) -> None:
+    config = GeneratorConfig(topics=1, partitions=1, records=20_000, keys=2_000, segment_bytes=256 * 1024, seed=5)
+    generate(tmp_path, config)
+    policy = _policy()
+    cache = NextCleanCache()
+    time = MockTime(config.clock_ms)
+    (first,) = cleaning.status([tmp_path], policy, time, next_clean=cache)
+    view = first.as_dict()["nextClean"]
+    assert view["bytesFreed"] == first.next_clean.bytes_freed > 0
+    assert 0 < view["dirtyDistinctKeys"] <= 2_000 * 1.05
+    assert view["kafkaPasses"] == view["passes"] == 1
+    (again,) = cleaning.status([tmp_path], policy, time, next_clean=cache)
+    assert again.next_clean is first.next_clean  # not read again
+    cleaning.clean([tmp_path], policy, time)
+    (after,) = cleaning.status([tmp_path], policy, time, next_clean=cache)
+    assert after.next_clean is None  # nothing left to clean
+    (plain,) = cleaning.status([tmp_path], policy, time)
+    assert plain.as_dict()["nextClean"] is None
