@@ -76,7 +76,21 @@ STATUS_COLUMNS = (
     ("tombstones", "long"),
     ("oldestTombstoneAgeSeconds", "double"),
     ("pendingStartup", "array<string>"),
+    (
+        "lsoHolder",
+        "struct<producerId: long, producerEpoch: int, firstOffset: long, startTimestampMs: long, ageSeconds: double>",
+    ),
+    ("clusterConfig", "boolean"),
+    ("configSources", "map<string, string>"),
+    ("configNotes", "array<string>"),
+    (
+        "nextClean",
+        "struct<dirtyRecords: long, dirtyDistinctKeys: long, bytesFreed: long, kafkaPasses: int, passes: int,"
+        " onePassDedupeBufferSize: long>",
+    ),
 )
+NESTED_COLUMNS = ("pendingStartup", "lsoHolder", "configSources", "configNotes", "nextClean")
+"""Columns CSV cannot hold as they are: written there as JSON text."""
 REPORT_COLUMNS = (
     ("sourceRoot", "string"),
     *STATUS_COLUMNS,
@@ -210,8 +224,9 @@ def write(partitions: Any, topics: Any, output: str | Path, fmt: str) -> dict[st
 
     if fmt not in FORMATS:
         raise KafkaCleanerError(f"--format must be one of {', '.join(FORMATS)}")
-    if fmt == "csv":  # CSV has no arrays
-        partitions = partitions.withColumn("pendingStartup", F.concat_ws(";", "pendingStartup"))
+    if fmt == "csv":  # CSV has no arrays, maps or structs
+        for name in NESTED_COLUMNS:
+            partitions = partitions.withColumn(name, F.to_json(name))
     out = {}
     for name, df in (("partitions", partitions), ("topics", topics)):
         path = f"{str(output).rstrip('/')}/{name}"
