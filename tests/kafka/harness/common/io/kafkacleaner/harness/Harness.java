@@ -24,10 +24,14 @@ import java.util.stream.Stream;
  * CleanOnce --log-dir DIR --now-ms MS [--topics REGEX] [--config name=value]...
  *           [--dedupe-buffer-size B | --map-keys N] [--load-factor F] [--io-buffer-size B]
  *           [--threads N] [--max-message-bytes B] [--producer-id-expiration-ms MS]
+ *           [--warm-up-dir DIR]
  * </pre>
+ * --warm-up-dir: first clean that log dir (a copy of the same data) in the same JVM, unreported,
+ * so that the reported clean runs JIT-compiled, as in a broker that has been up for a while.
  */
 public final class Harness {
     public final File logDir;
+    public final File warmUpDir;
     public final long nowMs;
     public final Pattern topics;
     public final Properties topicConfig = new Properties();
@@ -53,6 +57,7 @@ public final class Harness {
             }
         }
         logDir = new File(required(opts, "log-dir"));
+        warmUpDir = opts.containsKey("warm-up-dir") ? new File(opts.get("warm-up-dir")) : null;
         nowMs = Long.parseLong(required(opts, "now-ms"));
         topics = Pattern.compile(opts.getOrDefault("topics", ".*"));
         dedupeBufferSize = Long.parseLong(opts.getOrDefault("dedupe-buffer-size", "134217728"));
@@ -86,7 +91,7 @@ public final class Harness {
     }
 
     /** The partition directories of the log dir whose topic matches --topics, in name order. */
-    public List<File> partitionDirs() throws IOException {
+    public List<File> partitionDirs(File logDir) throws IOException {
         List<File> out = new ArrayList<>();
         try (Stream<java.nio.file.Path> entries = Files.list(logDir.toPath())) {
             entries.map(java.nio.file.Path::toFile).filter(File::isDirectory).sorted().forEach(dir -> {
@@ -101,8 +106,8 @@ public final class Harness {
     }
 
     /** The partition's offset in one of the log dir's checkpoint files (version 0 format), or null. */
-    public Long checkpointed(String file, File partitionDir) throws IOException {
-        File f = new File(logDir, file);
+    public static Long checkpointed(String file, File partitionDir) throws IOException {
+        File f = new File(partitionDir.getParentFile(), file);
         if (!f.exists()) return null;
         List<String> lines = Files.readAllLines(f.toPath());
         String name = partitionDir.getName();
@@ -113,7 +118,7 @@ public final class Harness {
         return null;
     }
 
-    public boolean hadCleanShutdown() {
+    public static boolean hadCleanShutdown(File logDir) {
         return new File(logDir, ".kafka_cleanshutdown").exists();
     }
 

@@ -51,20 +51,34 @@ public final class CleanOnce {
         Properties props = new Properties();
         props.putAll(h.topicConfig);
         LogConfig config = new LogConfig(props);
+        if (h.warmUpDir != null) clean(h, h.warmUpDir, config, time, scheduler, failures, topicStats, new Harness.Json());
+        Harness.Json out = new Harness.Json().open();
+        long cleanNs = clean(h, h.logDir, config, time, scheduler, failures, topicStats, out);
+        scheduler.shutdown();
+        out.put("jvmStartMs", jvmStartMs).put("mainNanos", System.nanoTime() - mainStartedNs)
+                .put("cleanNanos", cleanNs).close();
+        System.out.println(out);
+        System.exit(0);
+    }
 
+    /** Loads the log dir's partitions, cleans until nothing is eligible, closes them; returns
+     * the nanoseconds spent in Cleaner.doClean. */
+    private static long clean(Harness h, File logDir, LogConfig config, Harness.FixedTime time,
+                              KafkaScheduler scheduler, LogDirFailureChannel failures, BrokerTopicStats topicStats,
+                              Harness.Json out) throws Exception {
         long loadStarted = System.nanoTime();
         Pool<TopicPartition, UnifiedLog> logs = new Pool<>(Option.empty());
         List<UnifiedLog> loaded = new ArrayList<>();
-        List<File> dirs = h.partitionDirs();
+        List<File> dirs = h.partitionDirs(logDir);
         for (File dir : dirs) {
-            Long logStart = h.checkpointed("log-start-offset-checkpoint", dir);
-            Long recoveryPoint = h.checkpointed("recovery-point-offset-checkpoint", dir);
+            Long logStart = Harness.checkpointed("log-start-offset-checkpoint", dir);
+            Long recoveryPoint = Harness.checkpointed("recovery-point-offset-checkpoint", dir);
             UnifiedLog log = UnifiedLog.apply(dir, config, logStart == null ? 0L : logStart,
                     recoveryPoint == null ? 0L : recoveryPoint, scheduler, topicStats, time, 60_000,
                     new ProducerStateManagerConfig(h.producerIdExpirationMs, false), 600_000, failures,
-                    h.hadCleanShutdown(), Option.empty(), true, new ConcurrentHashMap<>(), false,
+                    Harness.hadCleanShutdown(logDir), Option.empty(), true, new ConcurrentHashMap<>(), false,
                     LogOffsetsListener.NO_OP_OFFSETS_LISTENER);
-            Long highWatermark = h.checkpointed("replication-offset-checkpoint", dir);
+            Long highWatermark = Harness.checkpointed("replication-offset-checkpoint", dir);
             if (highWatermark != null) log.updateHighWatermark(highWatermark);
             logs.put(log.topicPartition(), log);
             loaded.add(log);
@@ -72,14 +86,13 @@ public final class CleanOnce {
         long loadNs = System.nanoTime() - loadStarted;
 
         LogCleanerManager manager = new LogCleanerManager(
-                CollectionConverters.asScala(List.of(h.logDir)).toSeq(), logs, failures);
+                CollectionConverters.asScala(List.of(logDir)).toSeq(), logs, failures);
         int bytesPerEntry = new SkimpyOffsetMap(1024, CleanerConfig.HASH_ALGORITHM).bytesPerEntry;
         SkimpyOffsetMap offsetMap = new SkimpyOffsetMap(h.offsetMapMemory(bytesPerEntry), CleanerConfig.HASH_ALGORITHM);
         Throttler throttler = new Throttler(Double.MAX_VALUE, 300, "cleaner-io", "bytes", time);
         Cleaner cleaner = new Cleaner(0, offsetMap, h.ioBufferSize / h.threads / 2, h.maxMessageBytes,
                 h.loadFactor, throttler, time, tp -> BoxedUnit.UNIT);
 
-        Harness.Json out = new Harness.Json().open();
         out.put("kafka", "3").put("hashAlgorithm", CleanerConfig.HASH_ALGORITHM)
                 .put("mapSlots", offsetMap.slots()).put("mapMaxKeys", (int) (offsetMap.slots() * h.loadFactor));
         out.array("rounds");
@@ -109,11 +122,7 @@ public final class CleanOnce {
         h.awaitDeletedFiles(dirs);
         long closeStarted = System.nanoTime();
         for (UnifiedLog log : loaded) log.close();
-        scheduler.shutdown();
-        out.put("jvmStartMs", jvmStartMs).put("mainNanos", System.nanoTime() - mainStartedNs)
-                .put("loadNanos", loadNs).put("cleanNanos", cleanNs)
-                .put("closeNanos", System.nanoTime() - closeStarted).close();
-        System.out.println(out);
-        System.exit(0);
+        out.put("loadNanos", loadNs).put("closeNanos", System.nanoTime() - closeStarted);
+        return cleanNs;
     }
 }

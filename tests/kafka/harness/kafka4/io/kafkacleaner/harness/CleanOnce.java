@@ -52,31 +52,44 @@ public final class CleanOnce {
             props.put(LogConfig.INTERNAL_SEGMENT_BYTES_CONFIG, segmentBytes);
         }
         LogConfig config = new LogConfig(props);
+        if (h.warmUpDir != null) clean(h, h.warmUpDir, config, time, scheduler, failures, topicStats, new Harness.Json());
+        Harness.Json out = new Harness.Json().open();
+        long cleanNs = clean(h, h.logDir, config, time, scheduler, failures, topicStats, out);
+        scheduler.shutdown();
+        out.put("jvmStartMs", jvmStartMs).put("mainNanos", System.nanoTime() - mainStartedNs)
+                .put("cleanNanos", cleanNs).close();
+        System.out.println(out);
+        System.exit(0);
+    }
 
+    /** Loads the log dir's partitions, cleans until nothing is eligible, closes them; returns
+     * the nanoseconds spent in Cleaner.doClean. */
+    private static long clean(Harness h, File logDir, LogConfig config, Harness.FixedTime time,
+                              KafkaScheduler scheduler, LogDirFailureChannel failures, BrokerTopicStats topicStats,
+                              Harness.Json out) throws Exception {
         long loadStarted = System.nanoTime();
         ConcurrentHashMap<TopicPartition, UnifiedLog> logs = new ConcurrentHashMap<>();
-        List<File> dirs = h.partitionDirs();
+        List<File> dirs = h.partitionDirs(logDir);
         for (File dir : dirs) {
-            Long logStart = h.checkpointed("log-start-offset-checkpoint", dir);
-            Long recoveryPoint = h.checkpointed("recovery-point-offset-checkpoint", dir);
+            Long logStart = Harness.checkpointed("log-start-offset-checkpoint", dir);
+            Long recoveryPoint = Harness.checkpointed("recovery-point-offset-checkpoint", dir);
             UnifiedLog log = UnifiedLog.create(dir, config, logStart == null ? 0L : logStart,
                     recoveryPoint == null ? 0L : recoveryPoint, scheduler, topicStats, time, 60_000,
                     new ProducerStateManagerConfig(h.producerIdExpirationMs, false), 600_000, failures,
-                    h.hadCleanShutdown(), Optional.empty());
-            Long highWatermark = h.checkpointed("replication-offset-checkpoint", dir);
+                    Harness.hadCleanShutdown(logDir), Optional.empty());
+            Long highWatermark = Harness.checkpointed("replication-offset-checkpoint", dir);
             if (highWatermark != null) log.updateHighWatermark(highWatermark);
             logs.put(log.topicPartition(), log);
         }
         long loadNs = System.nanoTime() - loadStarted;
 
-        LogCleanerManager manager = new LogCleanerManager(List.of(h.logDir), logs, failures);
+        LogCleanerManager manager = new LogCleanerManager(List.of(logDir), logs, failures);
         int bytesPerEntry = new SkimpyOffsetMap(1024, CleanerConfig.HASH_ALGORITHM).bytesPerEntry;
         SkimpyOffsetMap offsetMap = new SkimpyOffsetMap(h.offsetMapMemory(bytesPerEntry), CleanerConfig.HASH_ALGORITHM);
         Throttler throttler = new Throttler(Double.MAX_VALUE, 300, "cleaner-io", "bytes", time);
         Cleaner cleaner = new Cleaner(0, offsetMap, h.ioBufferSize / h.threads / 2, h.maxMessageBytes,
                 h.loadFactor, throttler, time, tp -> { });
 
-        Harness.Json out = new Harness.Json().open();
         out.put("kafka", "4").put("hashAlgorithm", CleanerConfig.HASH_ALGORITHM)
                 .put("mapSlots", offsetMap.slots()).put("mapMaxKeys", (int) (offsetMap.slots() * h.loadFactor));
         out.array("rounds");
@@ -105,11 +118,7 @@ public final class CleanOnce {
         h.awaitDeletedFiles(dirs);
         long closeStarted = System.nanoTime();
         for (UnifiedLog log : logs.values()) log.close();
-        scheduler.shutdown();
-        out.put("jvmStartMs", jvmStartMs).put("mainNanos", System.nanoTime() - mainStartedNs)
-                .put("loadNanos", loadNs).put("cleanNanos", cleanNs)
-                .put("closeNanos", System.nanoTime() - closeStarted).close();
-        System.out.println(out);
-        System.exit(0);
+        out.put("loadNanos", loadNs).put("closeNanos", System.nanoTime() - closeStarted);
+        return cleanNs;
     }
 }
