@@ -13,7 +13,9 @@ data, over several seeds and shapes.
 Deliberate deviations (README, "How it maps to Kafka") are pinned by their own tests here:
 - the offset map holds more keys per round for the same ``dedupeBufferSize`` (so where a round
   ends differs; with an equal key capacity the outputs are identical);
-- Kafka 3.9 writes index entries per append, kafka-cleaner per batch (Kafka 4.1+'s rule).
+- a rewritten snappy batch is recompressed by another snappy implementation than Kafka's.
+The group-end rule (issue 9, defect 1) is the one other difference: strict xfails until the
+engine follows Kafka's rule.
 
 Cost: each Kafka run is a JVM start (~1-2 s with the test JVM flags); 30 cases, ~65 s for both lines on 2 cores.
 """
@@ -67,11 +69,10 @@ def kafka_version(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def assert_same_as_kafka(ours: Path, kafka: Path, *, index_bytes: bool = True) -> None:
-    """Same records and batches, then the same bytes (indexes only if ``index_bytes``)."""
+def assert_same_as_kafka(ours: Path, kafka: Path) -> None:
+    """Same records and batches, then the same bytes in every segment file."""
     assert view_differences(ours, kafka) == []
-    suffixes = (".log", ".index", ".timeindex", ".txnindex") if index_bytes else (".log", ".txnindex")
-    assert file_differences(ours, kafka, suffixes) == []
+    assert file_differences(ours, kafka) == []
 
 
 def clean_both(
