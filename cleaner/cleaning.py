@@ -18,6 +18,7 @@ from cleaner.clock import Time
 from cleaner.config import CleanerConfig, Policy
 from cleaner.engine.log_cleaner import CleanResult, LogCleaner
 from cleaner.engine.manager import LogCleanerManager, ManagedLog, PartitionReport
+from cleaner.engine.next_clean import NextCleanCache, NextCleanEstimate, estimate_next_clean, section_shape
 from cleaner.errors import KafkaCleanerError, LogDirLockedError
 from cleaner.segment_facts import FactsCache, SegmentFacts
 from cleaner.storage.log_dir import LogDirectory
@@ -96,6 +97,7 @@ class PartitionStatus:
     report: PartitionReport
     facts: SegmentFacts | None
     now_ms: int
+    next_clean: NextCleanEstimate | None = None
 
     @property
     def oldest_tombstone_age_ms(self) -> int | None:
@@ -133,6 +135,37 @@ class PartitionStatus:
                 self.oldest_tombstone_age_ms / 1000.0 if self.oldest_tombstone_age_ms is not None else None
             ),
             "pendingStartup": r.pending_startup,
+            "lsoHolder": self._lso_holder(),
+            "clusterConfig": r.cluster_config,
+            "configSources": r.config_sources,
+            "configNotes": r.config_notes,
+            "nextClean": self._next_clean(),
+        }
+
+    def _next_clean(self) -> dict | None:
+        e = self.next_clean
+        if e is None:
+            return None
+        return {
+            "dirtyRecords": e.dirty_records,
+            "dirtyDistinctKeys": e.dirty_distinct_keys,
+            "bytesFreed": e.bytes_freed,
+            "kafkaPasses": e.kafka_passes,
+            "passes": e.passes,
+            "onePassDedupeBufferSize": e.one_pass_dedupe_buffer_size,
+        }
+
+    def _lso_holder(self) -> dict | None:
+        holder = self.report.lso_holder
+        if holder is None:
+            return None
+        started = holder.start_timestamp_ms
+        return {
+            "producerId": holder.producer_id,
+            "producerEpoch": holder.producer_epoch,
+            "firstOffset": holder.first_offset,
+            "startTimestampMs": started,
+            "ageSeconds": None if started is None else max(self.now_ms - started, 0) / 1000,
         }
 
 
@@ -144,9 +177,12 @@ def status(
     facts_cache: FactsCache | None = None,
     manager: LogCleanerManager | None = None,
     throttle: Callable[[int], None] | None = None,
+    next_clean: NextCleanCache | None = None,
 ) -> list[PartitionStatus]:
     """Every matched partition's cleaning picture, computed read-only: safe next to a
-    live broker (no file is created, changed or locked)."""
+    live broker (no file is created, changed or locked). With ``next_clean``, also what
+    the next clean of each compacted partition would meet (``engine.next_clean``): it
+    reads every record of the cleanable section once, then only when that changes."""
     log_dirs = [LogDirectory(p, read_only=True) for p in paths]
     manager = manager or LogCleanerManager(log_dirs, policy, time, write_checkpoints=False)
     cache = facts_cache or FactsCache()
@@ -154,9 +190,46 @@ def status(
     out = []
     logs = manager.logs()
     for report in manager.report(now):
-        facts = _log_facts(logs[report.topic_partition], cache, throttle)
-        out.append(PartitionStatus(report, facts, now))
+        managed = logs[report.topic_partition]
+        facts = _log_facts(managed, cache, throttle)
+        estimate = _next_clean(managed, report, policy, next_clean, now, throttle) if next_clean else None
+        out.append(PartitionStatus(report, facts, now, estimate))
+    if next_clean is not None:
+        next_clean.retain(set(logs))
     return out
+
+
+def _next_clean(
+    managed: ManagedLog,
+    report: PartitionReport,
+    policy: Policy,
+    cache: NextCleanCache,
+    now: int,
+    throttle: Callable[[int], None] | None,
+) -> NextCleanEstimate | None:
+    if not report.compacted or report.reason == "uncleanable" or report.cleanable_bytes == 0:
+        return None
+    shape = section_shape(managed.log, report.first_dirty_offset, report.first_uncleanable_offset)
+    known = cache.get(report.topic_partition, shape)
+    if known is not None:
+        return known
+    try:
+        estimate = estimate_next_clean(
+            managed.log,
+            report.first_dirty_offset,
+            report.first_uncleanable_offset,
+            dedupe_buffer_per_thread=policy.cleaner.dedupe_buffer_per_thread,
+            load_factor=policy.cleaner.dedupe_buffer_load_factor,
+            threads=policy.cleaner.threads,
+            now_ms=now,
+            delete_retention_ms=managed.rule.delete_retention_ms,
+            throttle=throttle,
+        )
+    except (KafkaCleanerError, OSError) as e:
+        log.warning("cannot estimate the next clean of %s: %s", report.topic_partition, e)
+        return None
+    cache.put(report.topic_partition, shape, estimate)
+    return estimate
 
 
 def _log_facts(

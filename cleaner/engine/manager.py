@@ -19,11 +19,16 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from cleaner.clock import Time
 from cleaner.config import Policy, TopicRule
+from cleaner.effective_config import EffectiveRule, effective_rule
 from cleaner.errors import KafkaCleanerError, LogCleaningAbortedError
+from cleaner.storage.cluster_metadata import ClusterMetadata, ClusterMetadataReader, find_metadata_dir
 from cleaner.storage.log import Log, LogConfig, replay_batches
 from cleaner.storage.log_dir import LogDirectory
+from cleaner.storage.metadata import read_meta_properties
 from cleaner.storage.producer_state import ActiveProducer, ProducerStateManager
 from cleaner.storage.topic_partition import TopicPartition
 
@@ -75,6 +80,8 @@ class ManagedLog:
     topic_partition: TopicPartition
     log: Log
     rule: TopicRule
+    """The effective rule: the policy's merged with the cluster's config (``effective_config``)."""
+    config: EffectiveRule | None = None
 
     @property
     def compacted(self) -> bool:
@@ -117,6 +124,25 @@ class PartitionReport:
     segments: int = 0
     size_bytes: int = 0
     pending_startup: list[str] = field(default_factory=list)
+    lso_holder: HangingTransaction | None = None
+    """The open transaction that pins the last stable offset, when one does."""
+    config_sources: dict[str, str] = field(default_factory=dict)
+    """Kafka key -> where its effective value came from: cluster, policy or default."""
+    cluster_config: bool = False
+    """Whether the cluster's own topic configs were read (a KRaft metadata log on disk)."""
+    config_notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class HangingTransaction:
+    """The transaction holding a partition's LSO: what ``kafka-transactions.sh abort``
+    needs (``--topic``, ``--partition``, ``--start-offset``), and how long it has been open."""
+
+    producer_id: int
+    producer_epoch: int
+    first_offset: int
+    start_timestamp_ms: int | None
+    """The timestamp of the transaction's first batch (None if that batch is gone)."""
 
 
 @dataclass
@@ -150,6 +176,8 @@ class LogCleanerManager:
         self.time_of_last_run = time.milliseconds()
         self.dirtiest_log_cleanable_ratio = 0.0
         self.last_clean_end: dict[TopicPartition, int] = {}
+        self._cluster_reader: ClusterMetadataReader | None = None
+        self.cluster_metadata_error: str | None = None
 
     # -- the set of logs ------------------------------------------------------------------
     def logs(self) -> dict[TopicPartition, ManagedLog]:
@@ -157,22 +185,51 @@ class LogCleanerManager:
         that appeared are opened, those that disappeared are forgotten."""
         with self._lock:
             seen: set[TopicPartition] = set()
+            cluster, broker_id = self._cluster_metadata()
             for log_dir in self.log_dirs:
                 if not log_dir.exists():
                     continue
                 starts = log_dir.log_start_offsets()
                 for tp in log_dir.partition_dirs():
-                    rule = self.policy.rule_for(tp.topic)
-                    if rule is None:
+                    policy_rule = self.policy.rule_for(tp.topic)
+                    if policy_rule is None:
                         continue
+                    config = effective_rule(policy_rule, cluster.topic(tp.topic, broker_id) if cluster else None)
+                    rule = config.rule
                     seen.add(tp)
                     managed = self._logs.get(tp)
                     if managed is None or managed.rule != rule or managed.log.needs_reopen:
                         the_log = log_dir.open_log(tp, log_config_for(rule), log_start_offset=starts.get(tp))
                         self._logs[tp] = ManagedLog(log_dir, tp, the_log, rule)
+                    self._logs[tp].config = config
             for tp in [tp for tp in self._logs if tp not in seen]:
                 del self._logs[tp]
             return dict(self._logs)
+
+    def _cluster_metadata(self) -> tuple[ClusterMetadata | None, int | None]:
+        """The cluster's topic configs from the KRaft metadata log on these disks, if one is
+        here (``effective_config``). Unreadable metadata leaves the policy's values standing
+        and is reported (``cluster_metadata_error``), never stops the cleaner."""
+        found = find_metadata_dir([d.path for d in self.log_dirs if d.exists()])
+        if found is None:
+            self._cluster_reader = None
+            return None, None
+        if self._cluster_reader is None or self._cluster_reader.dir != found:
+            self._cluster_reader = ClusterMetadataReader(found)
+        try:
+            metadata = self._cluster_reader.refresh()
+        except (KafkaCleanerError, OSError) as e:
+            if self.cluster_metadata_error != str(e):
+                log.warning("Cannot read the cluster's topic configs; the policy's values stand: %s", e)
+            self.cluster_metadata_error = str(e)
+            self._cluster_reader = None
+            return None, None
+        self.cluster_metadata_error = None
+        try:
+            broker_id = read_meta_properties(found.parent / "meta.properties").node_id
+        except (KafkaCleanerError, OSError):
+            broker_id = None
+        return metadata, broker_id
 
     def set_policy(self, policy: Policy) -> None:
         """A new policy: rules apply from the next selection round."""
@@ -276,6 +333,27 @@ class LogCleanerManager:
         _, first_unstable = self._producer_facts(managed, now)
         lso = high_watermark if first_unstable is None else min(first_unstable, high_watermark)
         return lso, high_watermark
+
+    def hanging_transaction(self, managed: ManagedLog, now: int) -> HangingTransaction | None:
+        """The open transaction below the high watermark that the LSO stops at, if any."""
+        high_watermark = managed.log_dir.high_watermarks().get(managed.topic_partition)
+        if high_watermark is None:
+            return None
+        self._producer_facts(managed, now)
+        holder = self._producer_state[managed.topic_partition].state.lso_holder(high_watermark)
+        if holder is None or holder[2] >= high_watermark:
+            return None
+        pid, epoch, first = holder
+        started = None
+        for batches in managed.log.iter_batches(first):
+            at = np.flatnonzero((batches.base_offsets <= first) & (batches.last_offsets >= first))
+            if len(at):
+                i = int(at[0])
+                started = int(batches.headers["base_timestamp"][i])
+                if batches.has_delete_horizon[i]:
+                    started = int(batches.max_timestamps[i])
+            break
+        return HangingTransaction(pid, epoch, first, started)
 
     def cleanable_offsets(self, managed: ManagedLog, checkpoint: int | None, now: int) -> OffsetsToClean:
         """KAFKA_NOTES §6.2-§6.3: the first dirty offset (with Kafka's reset rules) and the
@@ -427,6 +505,10 @@ class LogCleanerManager:
             min_cleanable_ratio=managed.rule.min_cleanable_dirty_ratio,
             pending_startup=list(the_log.pending_startup),
         )
+        if managed.config is not None:
+            report.config_sources = dict(managed.config.sources)
+            report.cluster_config = managed.config.cluster_known
+            report.config_notes = list(managed.config.notes)
         try:
             report.size_bytes = the_log.size_in_bytes
             report.log_end_offset = the_log.log_end_offset
@@ -438,6 +520,8 @@ class LogCleanerManager:
             return report
         report.first_dirty_offset = ltc.first_dirty_offset
         report.first_uncleanable_offset = ltc.first_uncleanable_offset
+        if offsets.binding == "lso":
+            report.lso_holder = self.hanging_transaction(managed, now)
         report.clean_bytes = ltc.clean_bytes
         report.cleanable_bytes = ltc.cleanable_bytes
         report.uncleanable_bytes = max(report.size_bytes - ltc.clean_bytes - ltc.cleanable_bytes, 0)

@@ -60,6 +60,32 @@ def _largest_prime_at_most(n: int) -> int:
     return 2
 
 
+def _layout(memory: int) -> tuple[int, int, int]:
+    """(partitions, bytes per slot, slots per partition) of a map of ``memory`` bytes."""
+    partitioned = memory // (19 * PARTITIONS) >= MIN_SLOTS_PER_PARTITION
+    partitions = PARTITIONS if partitioned else 1
+    bytes_per_entry = 19 if partitioned else 20  # the partition byte is implied when partitioned
+    return partitions, bytes_per_entry, _largest_prime_at_most(memory // (bytes_per_entry * partitions))
+
+
+def _max_keys(slots: int, partitions: int, load_factor: float) -> int:
+    # Kafka: maxDesiredMapSize = (int)(slots * loadFactor). Each partition also keeps
+    # one slot free so that every probe sequence ends.
+    return min(int(slots * load_factor), slots - partitions)
+
+
+def offset_map_capacity(memory: int, load_factor: float = 0.9) -> int:
+    """How many keys a map of ``memory`` bytes holds in one round, without allocating it."""
+    partitions, _, per_partition = _layout(memory)
+    return max(_max_keys(per_partition * partitions, partitions, load_factor), 0)
+
+
+def kafka_offset_map_capacity(memory: int, load_factor: float = 0.9) -> int:
+    """The same for Kafka's ``SkimpyOffsetMap`` with MD5: 24 bytes a slot (16-byte hash and an
+    8-byte offset), ``(int)(slots * loadFactor)`` keys; 5.03 M for 128 MiB at 0.9."""
+    return int((memory // 24) * load_factor)
+
+
 class _Digests:
     """A batch of digests split into the columns the table stores."""
 
@@ -90,10 +116,8 @@ class OffsetMap:
     def __init__(self, memory: int, load_factor: float = 0.9) -> None:
         if not 0 < load_factor <= 1:
             raise ValueError(f"load factor must be in (0, 1], got {load_factor}")
-        partitioned = memory // (19 * PARTITIONS) >= MIN_SLOTS_PER_PARTITION
-        self.partitions = PARTITIONS if partitioned else 1
-        self.bytes_per_entry = 19 if partitioned else 20  # the partition byte is implied when partitioned
-        self.slots_per_partition = _largest_prime_at_most(memory // (self.bytes_per_entry * self.partitions))
+        self.partitions, self.bytes_per_entry, self.slots_per_partition = _layout(memory)
+        partitioned = self.partitions == PARTITIONS
         self.slots = self.slots_per_partition * self.partitions
         if self.slots * load_factor <= 1:
             raise ValueError(
@@ -101,9 +125,7 @@ class OffsetMap:
                 f"load factor {load_factor}); increase dedupeBufferSize or decrease threads"
             )
         self.load_factor = load_factor
-        # Kafka: maxDesiredMapSize = (int)(slots * loadFactor). Each partition also keeps
-        # one slot free so that every probe sequence ends.
-        self.max_keys = min(int(self.slots * load_factor), self.slots - self.partitions)
+        self.max_keys = _max_keys(self.slots, self.partitions, load_factor)
         n = self.slots
         self._a = np.zeros(n, dtype=np.uint64)
         self._b = np.zeros(n, dtype=np.uint32)

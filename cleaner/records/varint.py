@@ -48,10 +48,12 @@ def size_of_varint(n: int) -> int:
     return size
 
 
-def decode_varint(
+def decode_unsigned_varint(
     buf: bytes | bytearray | memoryview, position: int, max_bytes: int = MAX_VARINT_BYTES
 ) -> tuple[int, int]:
-    """Decode one varint at ``position``; returns (value, position after it)."""
+    """Decode one unsigned varint at ``position`` (Kafka's ``ByteUtils.readUnsignedVarint``,
+    used by the flexible message versions: compact lengths, metadata record headers);
+    returns (value, position after it)."""
     u = 0
     shift = 0
     end = len(buf)
@@ -62,9 +64,17 @@ def decode_varint(
         b = buf[p]
         u |= (b & 0x7F) << shift
         if b < 0x80:
-            return (u >> 1) ^ -(u & 1), p + 1
+            return u, p + 1
         shift += 7
     raise CorruptRecordError(f"varint is longer than {max_bytes} bytes", position=position)
+
+
+def decode_varint(
+    buf: bytes | bytearray | memoryview, position: int, max_bytes: int = MAX_VARINT_BYTES
+) -> tuple[int, int]:
+    """Decode one (zigzag) varint at ``position``; returns (value, position after it)."""
+    u, after = decode_unsigned_varint(buf, position, max_bytes)
+    return (u >> 1) ^ -(u & 1), after
 
 
 def decode_varints(

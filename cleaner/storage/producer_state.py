@@ -506,6 +506,18 @@ class ProducerStateManager:
             candidates += [first for first, (_, last) in self._unreplicated.items() if last >= high_watermark]
         return min(candidates) if candidates else None
 
+    def lso_holder(self, high_watermark: int | None = None) -> tuple[int, int, int] | None:
+        """(producer id, producer epoch, first offset) of the transaction that sets
+        ``first_unstable_offset``: the one a person aborts with ``kafka-transactions.sh``."""
+        first = self.first_unstable_offset(high_watermark)
+        if first is None:
+            return None
+        pid = self._ongoing.get(first)
+        if pid is None:
+            pid = self._unreplicated[first][0]
+        entry = self._producers.get(pid)
+        return pid, entry.producer_epoch if entry is not None else -1, first
+
     def to_snapshot_entries(self) -> list[ProducerSnapshotEntry]:
         """The state as snapshot entries, by producer id (Kafka writes HashMap order; any order reads the same)."""
         return [self._producers[pid].to_snapshot_entry() for pid in sorted(self._producers)]

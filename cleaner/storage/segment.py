@@ -113,6 +113,46 @@ def _tail_entry(path: Path, entry_size: int, dtype: str) -> np.void | None:
     return np.frombuffer(data, dtype=np.dtype(dtype))[0]
 
 
+def iter_file_batches(
+    path: str | os.PathLike[str],
+    position: int = 0,
+    end: int | None = None,
+    chunk_size: int = DEFAULT_READ_CHUNK,
+    *,
+    allow_truncated_tail: bool = False,
+) -> Iterator[Batches]:
+    """The batches of any file of framed batches (a segment's ``.log``, a KRaft snapshot's
+    ``.checkpoint``) in ``[position, end)``, a chunk at a time: one bounded buffer, and a
+    single batch larger than ``chunk_size`` gets a buffer of its own size (Kafka's
+    ``FileRecords.batchesFrom``). A truncated batch at the end raises, unless
+    ``allow_truncated_tail`` (recovery)."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        fd = f.fileno()
+        if end is None:
+            end = os.fstat(fd).st_size
+        while position < end:
+            want = min(chunk_size, end - position)
+            buf = os.pread(fd, want, position)
+            result = scan_batches(buf, base_position=position, path=path)
+            if len(result.batches) == 0:
+                need = result.next_entry_size
+                if need is not None and need > want and position + need <= end:
+                    buf = os.pread(fd, need, position)
+                    result = scan_batches(buf, base_position=position, path=path)
+                if len(result.batches) == 0:
+                    if allow_truncated_tail:
+                        return
+                    raise CorruptRecordError(
+                        f"truncated batch: {end - position} bytes left at the end of the file"
+                        + (f", the entry there declares {need}" if need is not None else ""),
+                        path=path,
+                        position=position,
+                    )
+            yield result.batches
+            position += result.end
+
+
 class LogSegment:
     """A segment's files in ``directory``, all named ``<base><kind><suffix>``, where
     ``suffix`` is "" for a live segment, ".cleaned" or ".swap" during a replace."""
@@ -364,30 +404,9 @@ class LogSegment:
 
         A truncated batch at the end raises, unless ``allow_truncated_tail`` (recovery).
         """
-        path = str(self.log_path)
-        end = self.size
-        with open(self.log_path, "rb") as f:
-            fd = f.fileno()
-            while position < end:
-                want = min(chunk_size, end - position)
-                buf = os.pread(fd, want, position)
-                result = scan_batches(buf, base_position=position, path=path)
-                if len(result.batches) == 0:
-                    need = result.next_entry_size
-                    if need is not None and need > want and position + need <= end:
-                        buf = os.pread(fd, need, position)
-                        result = scan_batches(buf, base_position=position, path=path)
-                    if len(result.batches) == 0:
-                        if allow_truncated_tail:
-                            return
-                        raise CorruptRecordError(
-                            f"truncated batch: {end - position} bytes left at the end of the segment"
-                            + (f", the entry there declares {need}" if need is not None else ""),
-                            path=path,
-                            position=position,
-                        )
-                yield result.batches
-                position += result.end
+        return iter_file_batches(
+            self.log_path, position, self.size, chunk_size, allow_truncated_tail=allow_truncated_tail
+        )
 
     def read_next_offset(self) -> int:
         """Offset after the last batch, or the base offset when empty (``readNextOffset``).
