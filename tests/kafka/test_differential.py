@@ -108,9 +108,19 @@ REAL_COMPACTED = {
         "connect-status-0",
         "_schemas-0",
     ),
-    # Apache Kafka 3.7 and a 2.x ZooKeeper-mode broker: their consumer offsets.
+    # Apache Kafka 3.7 and 2.x ZooKeeper-mode brokers: their consumer offsets.
     "LDI-POC": ("__consumer_offsets-6",),
     "kafka-VolodymyrZee": ("__consumer_offsets-32", "__consumer_offsets-12", "__consumer_offsets-18"),
+    "kafka-logs": ("__consumer_offsets-2", "__consumer_offsets-26", "__consumer_offsets-46"),
+    # Apache Kafka 2.7.1 and 2.1: partitions with several segments, some cleaned by the broker before.
+    "kafka-2.7.1/kafka-logs": (
+        "__consumer_offsets-17",
+        "__consumer_offsets-28",
+        "__consumer_offsets-33",
+        "__consumer_offsets-39",
+        "__consumer_offsets-8",
+    ),
+    "kafka-source-code/kafka-logs": ("__consumer_offsets-17",),
 }
 
 
