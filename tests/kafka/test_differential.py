@@ -17,7 +17,7 @@ Deliberate deviations (README, "How it maps to Kafka") are pinned by their own t
 The group-end rule (issue 9, defect 1) is the one other difference: strict xfails until the
 engine follows Kafka's rule.
 
-Cost: each Kafka run is a JVM start (~1-2 s with the test JVM flags); 30 cases, ~65 s for both lines on 2 cores.
+Cost: each Kafka run is a JVM start (~1-2 s with the test JVM flags); 36 cases, ~75 s for both lines on 2 cores.
 """
 
 from __future__ import annotations
