@@ -36,3 +36,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/format.py
 	$(BIN)/python bench/observe.py
 	$(BIN)/python bench/spark.py
+	$(BIN)/python bench/vs_kafka.py
