@@ -30,7 +30,8 @@ def main(session: str) -> None:
             elif result.test_outcome == TestOutcome.KILLED:
                 killed[module] += 1
             elif result.test_outcome == TestOutcome.SURVIVED:
-                survived[module].append(f"{module}:{mutation.start_pos[0]} {mutation.operator_name} #{mutation.occurrence}")
+                where = f"{module}:{mutation.start_pos[0]}"
+                survived[module].append(f"{where} {mutation.operator_name} #{mutation.occurrence}")
             else:
                 other[module] += 1
     print(f"{'module':40} {'mutants':>7} {'run':>5} {'killed':>6} {'survived':>8} {'other':>5} {'score':>6}")
