@@ -62,6 +62,15 @@ def rename(src: PathLike, dst: PathLike) -> None:
     os.replace(src, dst)
 
 
+def link(src: PathLike, dst: PathLike) -> None:
+    """Give ``src``'s file a second name ``dst`` (a hard link; ``dst`` must not exist).
+
+    The Spark commit brings staged files into a partition directory this way, so they are
+    never copied; like ``rename``, durable only after ``fsync_dir``.
+    """
+    os.link(src, dst)
+
+
 def remove(path: PathLike, missing_ok: bool = True) -> None:
     """Unlink a file; a missing file is not an error unless ``missing_ok`` is False."""
     try:

@@ -415,11 +415,11 @@ class Log:
            the last ``.cleaned`` file is the commit point (before it, start-up deletes the
            new files; after it, start-up deletes the old ones), then fsync the directory;
         2. old segments -> ``.deleted``; fsync the directory;
-        3. new segments ``.swap`` -> final names; fsync the directory;
+        3. new segments ``.swap`` -> final names, in ascending base offset; fsync the directory;
 
         Kafka fsyncs the directory once, at the end: that is enough on file systems that
         persist renames in order (ext4, XFS), not on those that may not (POSIX, btrfs). The
-        fsyncs between segments in step 1 and after step 2 make the protocol hold there too
+        fsyncs between segments in steps 1 and 3 and after step 2 make the protocol hold there too
         (the crash checker's "reordered" model, docs/testing.md); the order is Kafka's.
         4. delete the ``.deleted`` files and the producer snapshots at the bases of replaced
            segments (the broker would do both itself).
@@ -463,7 +463,12 @@ class Log:
                 # final name; otherwise a crash could keep a new segment under its final
                 # name next to an old one start-up no longer sees as replaced (duplicates).
                 files.fsync_dir(self.dir)
-                for seg in new:
+                for i, seg in enumerate(new):
+                    if i:
+                        # A barrier: start-up merges every .swap left into one range and
+                        # deletes what else lies in it, so a segment may only take its
+                        # final name once every lower one has.
+                        files.fsync_dir(self.dir)
                     seg.change_suffix("")
                 old_bases = {s.base_offset for s in old}
                 new_bases = {s.base_offset for s in new}

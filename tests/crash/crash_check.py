@@ -147,11 +147,13 @@ def check_log_operation(
     operation: Callable[[], object],
     *,
     models: Iterable[Model] = (Model.ORDERED, Model.REORDERED),
+    durable: Iterable[str | os.PathLike[str]] = (),
 ) -> tuple[list[str], Recording]:
     """Run ``operation`` on the log dir ``root`` and judge every crash state of the
-    partition directories ``partitions`` (names relative to ``root``)."""
+    partition directories ``partitions`` (names relative to ``root``). ``durable``: trees
+    outside ``root`` already on disk that the operation may link in (staged files)."""
     root = Path(root)
     partitions = list(partitions)
-    recording = record(root, operation)
+    recording = record(root, operation, durable)
     checks = [LogCheck.of(recording, p) for p in partitions]
     return judge(recording, checks, list(models)), recording

@@ -82,10 +82,13 @@ class Recording:
 class Recorder:
     """Wraps ``cleaner.storage.files`` while active; ``recording`` holds the steps."""
 
-    WRAPPED = ("fsync_file", "fsync_dir", "rename", "remove", "write_file", "atomic_write", "set_mtime_ms")
+    WRAPPED = ("fsync_file", "fsync_dir", "rename", "link", "remove", "write_file", "atomic_write", "set_mtime_ms")
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], durable: Iterable[str | os.PathLike[str]] = ()) -> None:
         self.recording = Recording(Path(root).resolve())
+        self._durable_roots = [Path(d).resolve() for d in durable]
+        """Trees outside ``root`` whose files are durable and may be linked in (staged
+        segments): imaged too, so their inodes start with their bytes durable."""
         self._identity: dict[int, int] = {}
         self._next_identity = 1
         self._live: set[int] = set()
@@ -94,7 +97,8 @@ class Recorder:
         names: Image = {}
         contents: dict[int, bytes] = {}
         seen: set[int] = set()
-        for dirpath, _, filenames in os.walk(self.recording.root):
+        walks = [os.walk(self.recording.root), *(os.walk(d) for d in self._durable_roots)]
+        for dirpath, _, filenames in itertools.chain(*walks):
             rel = os.path.relpath(dirpath, self.recording.root)
             entries = names.setdefault("" if rel == "." else rel, {})
             for name in filenames:
@@ -149,9 +153,11 @@ class Recorder:
             yield self.recording
 
 
-def record(root: str | os.PathLike[str], operation: Callable[[], object]) -> Recording:
+def record(
+    root: str | os.PathLike[str], operation: Callable[[], object], durable: Iterable[str | os.PathLike[str]] = ()
+) -> Recording:
     """Run ``operation`` with the durable-file layer recorded; exceptions propagate."""
-    recorder = Recorder(root)
+    recorder = Recorder(root, durable)
     with recorder.active() as recording:
         operation()
     return recording

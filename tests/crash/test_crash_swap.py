@@ -28,7 +28,7 @@ CODECS = (CompressionType.NONE, CompressionType.NONE, CompressionType.GZIP, Comp
 """kafka-python (the judge's decoder) reads these without python-snappy."""
 
 
-def _policy(segment_bytes: int):
+def policy(segment_bytes: int):
     return parse_policy_text(
         "mode: compact\n"
         "topics:\n"
@@ -42,7 +42,7 @@ def _policy(segment_bytes: int):
     )
 
 
-def _log_dir(tmp: Path, *, seed: int, records: int, keys: int) -> Path:
+def log_dir(tmp: Path, *, seed: int, records: int, keys: int) -> Path:
     root = tmp / "logdir"
     tp = TopicPartition("t", 0)
     watermark = generate_partition(
@@ -66,9 +66,9 @@ SIZES = [(160, 8)] if not SOAK else [(160, 8), (400, 40), (1500, 100)]
 def test_every_crash_of_a_clean_leaves_the_old_log_or_the_new(tmp_path: Path, records: int, keys: int) -> None:
     """The engine swaps each group on its own (as Kafka's ``cleanSegments``); the directory
     fsyncs around each commit point decide what start-up makes of a crash."""
-    root = _log_dir(tmp_path, seed=records, records=records, keys=keys)
+    root = log_dir(tmp_path, seed=records, records=records, keys=keys)
     failures, recording = check_log_operation(
-        root, ["t-0"], lambda: cleaning.clean([root], _policy(2200), FixedTime(NOW_MS))
+        root, ["t-0"], lambda: cleaning.clean([root], policy(2200), FixedTime(NOW_MS))
     )
     swaps = sum(s.call == "rename" and s.target.endswith(".log.cleaned") for s in recording.steps)
     assert swaps >= 2, "the clean must swap several groups"
@@ -80,8 +80,8 @@ def test_the_models_see_what_they_claim(tmp_path: Path) -> None:
     where the swap is half done (so a passing check is not a vacuous one)."""
     from crash_recorder import crash_states, record
 
-    root = _log_dir(tmp_path, seed=3, records=60, keys=8)
-    recording = record(root, lambda: cleaning.clean([root], _policy(2200), FixedTime(NOW_MS)))
+    root = log_dir(tmp_path, seed=3, records=60, keys=8)
+    recording = record(root, lambda: cleaning.clean([root], policy(2200), FixedTime(NOW_MS)))
     counts = {m: 0 for m in Model}
     half_done = {m: 0 for m in Model}
     for model in Model:
