@@ -7,8 +7,8 @@ Kafka's start-up rules (``kafka_startup``, independent of the project's loader):
 
 - offsets strictly increase through the log: no offset twice, none out of order;
 - the log is, record for record, one of the operation's versions: the log before it, after
-  it, or as of one of its fsyncs of the directory (a clean swaps group after group); a crash
-  never leaves part of a swap (atomicity);
+  it, or after one of its ``Log.replace_segments`` (a clean swaps group after group); a
+  crash never leaves part of a swap (atomicity);
 - once a crash leaves the new log even with only the durable names and bytes on disk, every
   later crash does too: nothing committed is lost;
 - when the operation returns, the new log is durable, and final: no ``.swap`` or
@@ -28,6 +28,8 @@ from pathlib import Path
 
 from crash_recorder import CrashState, Model, Recording, crash_states, record
 from kafka_startup import Loaded, Rec, start_up
+
+from cleaner.storage.log import Log
 
 MAX_FAILURES = 20
 
@@ -62,17 +64,16 @@ def written_tree(recording: Recording, k: int, directory: str) -> dict[str, byte
 @dataclass
 class LogCheck:
     """The verdicts for one partition. Its versions are the logs start-up gives for the
-    directory as written before the operation, at each fsync of the directory, and after
-    the operation: the states the operation means to pass through (a clean swaps group
-    after group). Every crash must leave one of them."""
+    directory as written before the operation, after each call that completes a unit of
+    it (``Log.replace_segments``: a clean swaps group after group) and after it: the
+    states the operation means to pass through. Every crash must leave one of them."""
 
     partition: str
     versions: list[list[Rec]]
 
     @classmethod
     def of(cls, recording: Recording, partition: str) -> LogCheck:
-        last = len(recording.steps) - 1
-        points = [0, *(s.number for s in recording.steps if s.synced_dir == partition), last]
+        points = [0, *(s.number for s in recording.steps if s.call == "version")]
         versions: list[list[Rec]] = []
         for k in points:
             records = start_up(written_tree(recording, k, partition)).records
@@ -148,12 +149,14 @@ def check_log_operation(
     *,
     models: Iterable[Model] = (Model.ORDERED, Model.REORDERED),
     durable: Iterable[str | os.PathLike[str]] = (),
+    versions: Iterable[tuple[object, str]] = ((Log, "replace_segments"),),
 ) -> tuple[list[str], Recording]:
     """Run ``operation`` on the log dir ``root`` and judge every crash state of the
     partition directories ``partitions`` (names relative to ``root``). ``durable``: trees
-    outside ``root`` already on disk that the operation may link in (staged files)."""
+    outside ``root`` already on disk that the operation may link in (staged files);
+    ``versions``: the methods whose return is a version the log may be left in."""
     root = Path(root)
     partitions = list(partitions)
-    recording = record(root, operation, durable)
+    recording = record(root, operation, durable, versions)
     checks = [LogCheck.of(recording, p) for p in partitions]
     return judge(recording, checks, list(models)), recording

@@ -84,8 +84,17 @@ class Recorder:
 
     WRAPPED = ("fsync_file", "fsync_dir", "rename", "link", "remove", "write_file", "atomic_write", "set_mtime_ms")
 
-    def __init__(self, root: str | os.PathLike[str], durable: Iterable[str | os.PathLike[str]] = ()) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        durable: Iterable[str | os.PathLike[str]] = (),
+        versions: Iterable[tuple[object, str]] = (),
+    ) -> None:
         self.recording = Recording(Path(root).resolve())
+        self._versions = list(versions)
+        """Methods (owner, name) whose return leaves a version of the log the operation
+        means to pass through (``Log.replace_segments``: a clean swaps group after group):
+        recorded as a ``version`` step."""
         self._durable_roots = [Path(d).resolve() for d in durable]
         """Trees outside ``root`` whose files are durable and may be linked in (staged
         segments): imaged too, so their inodes start with their bytes durable."""
@@ -150,14 +159,28 @@ class Recorder:
         with pytest.MonkeyPatch.context() as m:
             for name in self.WRAPPED:
                 m.setattr(files, name, self._wrap(name, getattr(files, name)))
+            for owner, name in self._versions:
+                m.setattr(owner, name, self._mark(name, getattr(owner, name)))
             yield self.recording
+        self._record("version", "the operation returned")
+
+    def _mark(self, name: str, real: Callable) -> Callable:
+        def wrapper(*args, **kwargs):
+            result = real(*args, **kwargs)
+            self._record("version", f"{name} returned")
+            return result
+
+        return wrapper
 
 
 def record(
-    root: str | os.PathLike[str], operation: Callable[[], object], durable: Iterable[str | os.PathLike[str]] = ()
+    root: str | os.PathLike[str],
+    operation: Callable[[], object],
+    durable: Iterable[str | os.PathLike[str]] = (),
+    versions: Iterable[tuple[object, str]] = (),
 ) -> Recording:
     """Run ``operation`` with the durable-file layer recorded; exceptions propagate."""
-    recorder = Recorder(root, durable)
+    recorder = Recorder(root, durable, versions)
     with recorder.active() as recording:
         operation()
     return recording
