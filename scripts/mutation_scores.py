@@ -7,24 +7,41 @@ run so far, and the table says how many those are. Survivors are listed with the
 
 from __future__ import annotations
 
+import re
 import sys
+import tomllib
 from collections import defaultdict
+from pathlib import Path
 
 from cosmic_ray.work_db import WorkDB, use_db
 from cosmic_ray.work_item import TestOutcome, WorkerOutcome
 
+CONFIG = Path(__file__).with_name("mutation.toml")
+
+
+def excluded_operators() -> re.Pattern[str]:
+    """The config's exclusions, applied again here: a session started before an exclusion
+    was added still reports as if it had been there."""
+    config = tomllib.loads(CONFIG.read_text())
+    patterns = config["cosmic-ray"]["filters"]["operators-filter"]["exclude-operators"]
+    return re.compile("|".join(f"(?:{p})" for p in patterns))
+
 
 def main(session: str) -> None:
+    excluded = excluded_operators()
     with use_db(session, WorkDB.Mode.open) as db:
         total: dict[str, int] = defaultdict(int)
         for item in db.work_items:
-            total[str(item.mutations[0].module_path)] += 1
+            if not excluded.match(item.mutations[0].operator_name):
+                total[str(item.mutations[0].module_path)] += 1
         killed: dict[str, int] = defaultdict(int)
         survived: dict[str, list[str]] = defaultdict(list)
         other: dict[str, int] = defaultdict(int)
         for item, result in db.completed_work_items:
             mutation = item.mutations[0]
             module = str(mutation.module_path)
+            if excluded.match(mutation.operator_name):
+                continue
             if result.worker_outcome == WorkerOutcome.SKIPPED:
                 total[module] -= 1
             elif result.test_outcome == TestOutcome.KILLED:
