@@ -92,3 +92,29 @@ def test_the_models_see_what_they_claim(tmp_path: Path) -> None:
                 half_done[model] += 1
     assert counts[Model.REORDERED] > counts[Model.ORDERED] > len(recording.steps)
     assert half_done[Model.ORDERED] > 0 and half_done[Model.REORDERED] > half_done[Model.ORDERED]
+
+
+def test_the_cleaner_checkpoint_never_gets_ahead_of_the_log(tmp_path: Path) -> None:
+    """The checkpoint lives in another directory: a crash may keep it and not the partition's
+    renames unless the swap was durable before the checkpoint was written. A checkpoint that
+    says the partition is cleaned while the log is not makes the next clean skip it."""
+    from crash_check import LogCheck, _start_up
+    from crash_recorder import crash_states, record
+    from kafka_startup import read_offset_checkpoint
+
+    root = log_dir(tmp_path, seed=5, records=160, keys=8)
+    recording = record(root, lambda: cleaning.clean([root], policy(2200), FixedTime(NOW_MS)), versions=[])
+    final = LogCheck.of(recording, "t-0").versions[-1]
+    cleaned_to = read_offset_checkpoint((root / "cleaner-offset-checkpoint").read_bytes())[("t", 0)]
+    ahead = 0
+    for model in Model:
+        for state in crash_states(recording, model, ["", "t-0"]):
+            data = state.tree[""].get("cleaner-offset-checkpoint")
+            if data is None or read_offset_checkpoint(data).get(("t", 0)) != cleaned_to:
+                continue
+            ahead += 1
+            records = _start_up(tuple(sorted(state.tree["t-0"].items()))).records
+            assert records == final, (
+                f"{model.value}: crash {recording.describe(state.prefix)}: checkpoint ahead of the log"
+            )
+    assert ahead > 0
