@@ -189,6 +189,30 @@ def test_plan_completes_a_committed_replace() -> None:
     assert "00000000000000000030.log" in after and "partition.metadata" in after
 
 
+def test_plan_warns_of_a_swap_segment_without_its_indexes() -> None:
+    """Kafka opens a ``.log.swap`` whose ``.index.swap`` is gone with a new, zero-filled
+    index and trusts it: the plan says so, for the status output and the logs."""
+    names = ["00.log", "00.log.swap", "00.timeindex.swap"]
+    plan = plan_startup(names, _next_offsets({"00.log.swap": 5}))
+    missing = [n for n in plan.notes if "is missing" in n]
+    assert missing == ["00.index.swap is missing: Kafka would create it zero-filled and trust it (KAFKA_NOTES §4)"]
+
+
+def test_iter_batches_starts_at_the_batch_holding_the_offset(tmp_path: Path) -> None:
+    """Readers (producer-state replay, the cleaner) ask for the batches from an offset in the
+    middle of a segment: none before the batch that holds it, every one after it."""
+    log = write_log(tmp_path / "t-0", _batches(40), config=SMALL)
+    middle = log.segments[1]
+    for start in (middle.base_offset + 4, middle.base_offset + 3, 0, 119):
+        batches = [
+            (int(f), int(la))
+            for c in log.iter_batches(start)
+            for f, la in zip(c.base_offsets, c.last_offsets, strict=True)
+        ]
+        assert batches[0][0] <= start <= batches[0][1]
+        assert [b for b, _ in batches] == list(range(batches[0][0], 120, 3))
+
+
 def test_plan_deletes_leftovers_and_orphan_indexes_but_not_kraft_snapshots() -> None:
     names = ["1.log.deleted", "1.index.deleted", "2.checkpoint.deleted", "3.index", "3.timeindex", "4.log", "4.index"]
     plan = plan_startup(names, _next_offsets({}))
