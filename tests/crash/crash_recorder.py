@@ -4,8 +4,8 @@ The approach of ALICE and CrashMonkey, in-process: ``Recorder`` wraps the functi
 durable-file layer (``cleaner.storage.files``: every fsync, directory fsync, rename, unlink
 and file write of the project goes through it) and, after each call, takes an image of the
 watched tree: each directory's names and the inode they point to, and each inode's bytes.
-Writes that do not go through the layer (a segment's appends, a truncation, a hard link)
-show up in the next image, so nothing is missed; they are only attributed to the next step.
+Writes that do not go through the layer (a segment's appends, held open for speed) show up
+in the next image, so nothing is missed; they are only attributed to the next step.
 
 ``crash_states`` then builds, for every prefix of the recorded steps, the trees a crash
 right after that step could leave, under one of two persistence models:
@@ -82,7 +82,17 @@ class Recording:
 class Recorder:
     """Wraps ``cleaner.storage.files`` while active; ``recording`` holds the steps."""
 
-    WRAPPED = ("fsync_file", "fsync_dir", "rename", "link", "remove", "write_file", "atomic_write", "set_mtime_ms")
+    WRAPPED = (
+        "fsync_file",
+        "fsync_dir",
+        "rename",
+        "link",
+        "remove",
+        "truncate",
+        "write_file",
+        "atomic_write",
+        "set_mtime_ms",
+    )
 
     def __init__(
         self,
