@@ -3,11 +3,12 @@
 # the tree under .tools/mutation/tree (cosmic-ray edits the module it mutates in place), with
 # the copy first on PYTHONPATH so the tests import the mutated code. Resumable: an existing
 # session is continued; MUTATION_FRESH=1 starts over. MUTATION_MODULES restricts the run to
-# some of the modules (space-separated paths); MUTATION_TESTS replaces the test paths.
+# some of the modules (space-separated paths); MUTATION_TESTS replaces the test paths;
+# MUTATION_WORK puts the copy and the session elsewhere (default .tools/mutation).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${VENV:-$root/.venv}
-work=$root/.tools/mutation
+work=${MUTATION_WORK:-$root/.tools/mutation}
 tree=$work/tree
 session=$work/session.sqlite
 mkdir -p "$work"

@@ -129,3 +129,17 @@ def test_segments_below_the_log_start_offset_always_go(tmp_path: Path, policy: s
 def test_compact_only_logs_ignore_time_and_size(tmp_path: Path) -> None:
     managed = _managed(tmp_path, policy="compact", retention_ms=0, retention_bytes=0)
     assert delete_old_segments(managed, START_MS + 10_000) == []
+
+
+def test_an_expired_active_segment_goes_too_once_the_high_watermark_reaches_the_log_end(tmp_path: Path) -> None:
+    """Kafka deletes the active segment when it qualifies and nothing past it is unreplicated,
+    rolling a new empty one at the log end first."""
+    managed = _managed(tmp_path, retention_ms=0, high_watermark=50)
+    assert [s.base_offset for s in delete_old_segments(managed, START_MS + 10_000)] == [0, 10, 20, 30, 40]
+    assert _bases(managed) == [50] and managed.log.segments[0].size == 0
+
+
+def test_retention_bytes_zero_keeps_nothing(tmp_path: Path) -> None:
+    """``retention.bytes=0`` is a limit (everything breaches it), not "no limit" (-1)."""
+    managed = _managed(tmp_path, retention_bytes=0, high_watermark=50)
+    assert [s.base_offset for s in delete_old_segments(managed, START_MS)] == [0, 10, 20, 30, 40]
