@@ -32,6 +32,8 @@ from kafka_startup import Loaded, Rec, start_up
 from cleaner.storage.log import Log
 
 MAX_FAILURES = 20
+SOAK = os.environ.get("CRASH_SOAK") == "1"
+"""``make crash-soak``: the tests add bigger logs."""
 
 
 def _increasing(loaded: Loaded) -> str | None:

@@ -12,8 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import SOAK
-from crash_check import check_log_operation
+from crash_check import SOAK, check_log_operation
 from crash_recorder import Model, crash_states
 from kafka_startup import next_offset, offset_from_file, start_up
 from test_crash_swap import NOW_MS, log_dir, policy

@@ -11,8 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import SOAK
-from crash_check import check_log_operation
+from crash_check import SOAK, check_log_operation
 from crash_recorder import Model
 from kafka_logs import GENERATED_START_MS, generate_partition, write_high_watermarks
 
