@@ -23,6 +23,7 @@ from cleaner.records.control import ControlRecordType
 from cleaner.storage.index import AbortedTxn, OffsetIndex, TimeIndex
 from cleaner.storage.loader import plan_startup
 from cleaner.storage.log import Log, LogConfig
+from cleaner.storage.producer_state import snapshot_file_name
 from cleaner.storage.segment import LogSegment
 
 SMALL = LogConfig(segment_bytes=1024, index_interval_bytes=100)
@@ -133,6 +134,19 @@ def test_truncate_to_removes_whole_batches_and_bumps_generation(tmp_path: Path) 
     assert [r.offset for r in read_records(log)] == list(range(48))
     reopened = Log.open(log.dir, SMALL)
     assert [r.offset for r in read_records(reopened)] == list(range(48))
+
+
+def test_truncate_to_keeps_the_producer_snapshot_at_the_truncation_offset(tmp_path: Path) -> None:
+    """``ProducerStateManager.truncateAndReload`` deletes the snapshots above the new log
+    end, not the one at it (a snapshot at offset o describes the state before o)."""
+    log = write_log(tmp_path / "t-0", _batches(40), config=SMALL)
+    for offset in (30, 48, 49, 60):
+        (log.dir / snapshot_file_name(offset)).write_bytes(b"")
+    log.truncate_to(48)
+    assert sorted(n for n in os.listdir(log.dir) if n.endswith(".snapshot")) == [
+        snapshot_file_name(30),
+        snapshot_file_name(48),
+    ]
 
 
 # -- start-up handling (KAFKA_NOTES §4) -----------------------------------------------
