@@ -149,6 +149,27 @@ def test_truncate_to_keeps_the_producer_snapshot_at_the_truncation_offset(tmp_pa
     ]
 
 
+def test_open_starts_the_log_at_its_first_segment(tmp_path: Path) -> None:
+    """Without a log-start-offset checkpoint the log starts at its first segment's base."""
+    log = Log.create(tmp_path / "t-0", SMALL, base_offset=100)
+    for batch in _batches(5, start=100):
+        log.append(batch)
+    log.close()
+    assert Log.open(tmp_path / "t-0", SMALL).log_start_offset == 100
+    assert Log.open(tmp_path / "t-0", SMALL, log_start_offset=103).log_start_offset == 103
+    assert Log.open(tmp_path / "t-0", SMALL, log_start_offset=7).log_start_offset == 100
+
+
+def test_flush_and_close_of_a_read_only_log_change_nothing(tmp_path: Path) -> None:
+    write_log(tmp_path / "t-0", _batches(40), config=SMALL)
+    before = snapshot_dir(tmp_path / "t-0")
+    log = Log.open(tmp_path / "t-0", SMALL, read_only=True)
+    list(log.iter_batches(0))
+    log.flush()
+    log.close()
+    assert snapshot_dir(tmp_path / "t-0") == before
+
+
 # -- start-up handling (KAFKA_NOTES §4) -----------------------------------------------
 
 
