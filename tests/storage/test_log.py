@@ -255,6 +255,18 @@ def test_plan_deletes_leftovers_and_orphan_indexes_but_not_kraft_snapshots() -> 
     assert sorted(plan.delete_orphans) == ["3.index", "3.timeindex"]
 
 
+def test_a_writable_open_applies_the_whole_plan(tmp_path: Path) -> None:
+    """Opening a log writable does what a broker's start-up does: leftovers deleted, orphan
+    indexes too."""
+    write_log(tmp_path / "t-0", _batches(10), config=SMALL)
+    d = tmp_path / "t-0"
+    (d / "00000000000000000500.index").write_bytes(b"\0" * 8)
+    (d / "00000000000000000500.timeindex").write_bytes(b"\0" * 12)
+    (d / "00000000000000000007.log.deleted").write_bytes(b"")
+    Log.open(d, SMALL)
+    assert not [n for n in os.listdir(d) if n.startswith("00000000000000000500") or n.endswith(".deleted")]
+
+
 def test_read_only_open_sees_the_committed_swap_and_changes_nothing(tmp_path: Path) -> None:
     log = write_log(tmp_path / "t-0", _batches(40), config=SMALL)
     old = log.segments[:2]
