@@ -37,7 +37,10 @@ PY
     fi
     (cd "$tree" && "$venv/bin/cosmic-ray" init scripts/mutation.toml "$session" \
         && "$venv/bin/cr-filter-operators" "$session" scripts/mutation.toml)
+    rm -rf "$work/pristine" && cp -r "$tree/cleaner" "$work/pristine"
 fi
+# A run stopped mid-mutant leaves that mutant in the copy: start from the pristine modules.
+rm -rf "$tree/cleaner" && cp -r "$work/pristine" "$tree/cleaner"
 cd "$tree"
 export PYTHONPATH=$tree PYTHONSAFEPATH=1 PATH=$venv/bin:$PATH
 # The unmutated tree must pass, or every mutant would count as killed.
