@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 # `operator` whenever Python put the working directory on sys.path (`python -m ...`).
 export PYTHONSAFEPATH := 1
 
-.PHONY: demo test lint bench setup
+.PHONY: demo test lint bench setup mutation crash-soak
 
 setup: $(STAMP)
 
@@ -37,3 +37,11 @@ bench: $(STAMP)
 	$(BIN)/python bench/observe.py
 	$(BIN)/python bench/spark.py
 	$(BIN)/python bench/vs_kafka.py
+
+# Mutation testing of the rule-bearing modules (docs/testing.md); long, not part of `make test`.
+mutation: $(STAMP)
+	VENV=$(abspath $(VENV)) ./scripts/mutation.sh
+
+# The crash-consistency checker on bigger logs (docs/testing.md); `make test` runs the small ones.
+crash-soak: $(STAMP)
+	CRASH_SOAK=1 $(BIN)/python -m pytest -n 0 -q tests/crash

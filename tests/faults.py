@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 
 from cleaner.storage import files
 
-DURABLE_STEPS = ("rename", "fsync_dir", "fsync_file", "write_file", "atomic_write", "remove")
+DURABLE_STEPS = ("rename", "fsync_dir", "fsync_file", "write_file", "atomic_write", "remove", "link", "truncate")
 ALL_DURABLE_STEPS = (*DURABLE_STEPS, "set_mtime_ms")
 """Every function of ``cleaner.storage.files``, including the mtime stamp of cleaned segments."""
 

@@ -22,7 +22,6 @@ again), and a rerun after ``COMMITTED`` does nothing.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -126,10 +125,9 @@ def finish_attempt(attempt: Path, done: Path) -> bool:
 def link_or_copy(src: Path, dst: Path) -> None:
     """``dst`` with ``src``'s bytes and mtime: a hard link where possible (same file
     system; the staged file is never written again), else a copy, fsynced."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(dst)
+    files.remove(dst)
     try:
-        os.link(src, dst)
+        files.link(src, dst)
     except OSError:
         tmp = dst.with_name(dst.name + files.TMP_SUFFIX)
         shutil.copy2(src, tmp)

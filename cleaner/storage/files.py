@@ -62,6 +62,26 @@ def rename(src: PathLike, dst: PathLike) -> None:
     os.replace(src, dst)
 
 
+def truncate(path: PathLike, size: int) -> None:
+    """Cut ``path`` to ``size`` bytes and fsync it (a segment's recovery or truncation,
+    Kafka's ``FileRecords.truncateTo``): the cut is durable before anything relies on it."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, size)
+        fsync_file(fd)
+    finally:
+        os.close(fd)
+
+
+def link(src: PathLike, dst: PathLike) -> None:
+    """Give ``src``'s file a second name ``dst`` (a hard link; ``dst`` must not exist).
+
+    The Spark commit brings staged files into a partition directory this way, so they are
+    never copied; like ``rename``, durable only after ``fsync_dir``.
+    """
+    os.link(src, dst)
+
+
 def remove(path: PathLike, missing_ok: bool = True) -> None:
     """Unlink a file; a missing file is not an error unless ``missing_ok`` is False."""
     try:

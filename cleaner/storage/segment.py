@@ -566,9 +566,7 @@ class LogSegment:
 
     def truncate_log_file(self, size: int) -> None:
         self.close_appender()
-        with open(self.log_path, "r+b") as f:
-            f.truncate(size)
-            files.fsync_file(f.fileno())
+        files.truncate(self.log_path, size)
         self._size = size
 
     def truncate_to(self, offset: int) -> int:

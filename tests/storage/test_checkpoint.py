@@ -186,3 +186,18 @@ def test_every_real_offset_checkpoint_parses(real_kafka_root):
             assert path.read_bytes() == before
             count += 1
     assert count >= 20
+
+
+@pytest.mark.parametrize(
+    ("parse", "low", "high"),
+    [(cp.parse_int32, -(2**31), 2**31 - 1), (cp.parse_int64, -(2**63), 2**63 - 1)],
+    ids=["Integer.parseInt", "Long.parseLong"],
+)
+def test_java_number_parsing_takes_both_extremes_and_nothing_beyond(parse, low: int, high: int) -> None:
+    """Java accepts MIN_VALUE and MAX_VALUE themselves (a checkpoint may hold -1 or a
+    huge offset); one past either end is a NumberFormatException."""
+    assert parse(str(low)) == low
+    assert parse(f"+{high}") == high
+    for outside in (low - 1, high + 1):
+        with pytest.raises(ValueError, match="out of range"):
+            parse(str(outside))

@@ -23,6 +23,7 @@ from cleaner.records.control import ControlRecordType
 from cleaner.storage.index import AbortedTxn, OffsetIndex, TimeIndex
 from cleaner.storage.loader import plan_startup
 from cleaner.storage.log import Log, LogConfig
+from cleaner.storage.producer_state import snapshot_file_name
 from cleaner.storage.segment import LogSegment
 
 SMALL = LogConfig(segment_bytes=1024, index_interval_bytes=100)
@@ -135,6 +136,40 @@ def test_truncate_to_removes_whole_batches_and_bumps_generation(tmp_path: Path) 
     assert [r.offset for r in read_records(reopened)] == list(range(48))
 
 
+def test_truncate_to_keeps_the_producer_snapshot_at_the_truncation_offset(tmp_path: Path) -> None:
+    """``ProducerStateManager.truncateAndReload`` deletes the snapshots above the new log
+    end, not the one at it (a snapshot at offset o describes the state before o)."""
+    log = write_log(tmp_path / "t-0", _batches(40), config=SMALL)
+    for offset in (30, 48, 49, 60):
+        (log.dir / snapshot_file_name(offset)).write_bytes(b"")
+    log.truncate_to(48)
+    assert sorted(n for n in os.listdir(log.dir) if n.endswith(".snapshot")) == [
+        snapshot_file_name(30),
+        snapshot_file_name(48),
+    ]
+
+
+def test_open_starts_the_log_at_its_first_segment(tmp_path: Path) -> None:
+    """Without a log-start-offset checkpoint the log starts at its first segment's base."""
+    log = Log.create(tmp_path / "t-0", SMALL, base_offset=100)
+    for batch in _batches(5, start=100):
+        log.append(batch)
+    log.close()
+    assert Log.open(tmp_path / "t-0", SMALL).log_start_offset == 100
+    assert Log.open(tmp_path / "t-0", SMALL, log_start_offset=103).log_start_offset == 103
+    assert Log.open(tmp_path / "t-0", SMALL, log_start_offset=7).log_start_offset == 100
+
+
+def test_flush_and_close_of_a_read_only_log_change_nothing(tmp_path: Path) -> None:
+    write_log(tmp_path / "t-0", _batches(40), config=SMALL)
+    before = snapshot_dir(tmp_path / "t-0")
+    log = Log.open(tmp_path / "t-0", SMALL, read_only=True)
+    list(log.iter_batches(0))
+    log.flush()
+    log.close()
+    assert snapshot_dir(tmp_path / "t-0") == before
+
+
 # -- start-up handling (KAFKA_NOTES §4) -----------------------------------------------
 
 
@@ -189,11 +224,47 @@ def test_plan_completes_a_committed_replace() -> None:
     assert "00000000000000000030.log" in after and "partition.metadata" in after
 
 
+def test_plan_warns_of_a_swap_segment_without_its_indexes() -> None:
+    """Kafka opens a ``.log.swap`` whose ``.index.swap`` is gone with a new, zero-filled
+    index and trusts it: the plan says so, for the status output and the logs."""
+    names = ["00.log", "00.log.swap", "00.timeindex.swap"]
+    plan = plan_startup(names, _next_offsets({"00.log.swap": 5}))
+    missing = [n for n in plan.notes if "is missing" in n]
+    assert missing == ["00.index.swap is missing: Kafka would create it zero-filled and trust it (KAFKA_NOTES §4)"]
+
+
+def test_iter_batches_starts_at_the_batch_holding_the_offset(tmp_path: Path) -> None:
+    """Readers (producer-state replay, the cleaner) ask for the batches from an offset in the
+    middle of a segment: none before the batch that holds it, every one after it."""
+    log = write_log(tmp_path / "t-0", _batches(40), config=SMALL)
+    middle = log.segments[1]
+    for start in (middle.base_offset + 4, middle.base_offset + 3, 0, 119):
+        batches = [
+            (int(f), int(la))
+            for c in log.iter_batches(start)
+            for f, la in zip(c.base_offsets, c.last_offsets, strict=True)
+        ]
+        assert batches[0][0] <= start <= batches[0][1]
+        assert [b for b, _ in batches] == list(range(batches[0][0], 120, 3))
+
+
 def test_plan_deletes_leftovers_and_orphan_indexes_but_not_kraft_snapshots() -> None:
     names = ["1.log.deleted", "1.index.deleted", "2.checkpoint.deleted", "3.index", "3.timeindex", "4.log", "4.index"]
     plan = plan_startup(names, _next_offsets({}))
     assert sorted(plan.delete) == ["1.index.deleted", "1.log.deleted"]
     assert sorted(plan.delete_orphans) == ["3.index", "3.timeindex"]
+
+
+def test_a_writable_open_applies_the_whole_plan(tmp_path: Path) -> None:
+    """Opening a log writable does what a broker's start-up does: leftovers deleted, orphan
+    indexes too."""
+    write_log(tmp_path / "t-0", _batches(10), config=SMALL)
+    d = tmp_path / "t-0"
+    (d / "00000000000000000500.index").write_bytes(b"\0" * 8)
+    (d / "00000000000000000500.timeindex").write_bytes(b"\0" * 12)
+    (d / "00000000000000000007.log.deleted").write_bytes(b"")
+    Log.open(d, SMALL)
+    assert not [n for n in os.listdir(d) if n.startswith("00000000000000000500") or n.endswith(".deleted")]
 
 
 def test_read_only_open_sees_the_committed_swap_and_changes_nothing(tmp_path: Path) -> None:
