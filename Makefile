@@ -13,7 +13,8 @@ export PYTHONSAFEPATH := 1
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup-system.sh scripts/get-helm.sh scripts/get-kafka.sh tests/kafka/pom.xml
+$(STAMP): pyproject.toml scripts/setup-system.sh scripts/get-helm.sh scripts/get-kafka.sh tests/kafka/pom.xml \
+		native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 	./scripts/setup-system.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
