@@ -2,6 +2,7 @@
 //! record, under Python code that keeps Kafka's rules readable. Each function releases
 //! the GIL while it works, so cleaner threads run in parallel.
 
+mod batches;
 mod offset_map;
 mod records;
 mod varint;
@@ -161,8 +162,101 @@ fn offset_map_locate<'py>(
     Ok((slots.into_pyarray(py), found.into_pyarray(py)))
 }
 
+type BytesEnds<'py> = (Bound<'py, PyBytes>, Bound<'py, PyArray1<i64>>);
+
+/// Kept records re-encoded with new timestamp deltas: `(bytes, record ends)`.
+#[pyfunction]
+fn reencode_records<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyBytes>,
+    body_start: PyReadonlyArray1<'py, i64>,
+    end: PyReadonlyArray1<'py, i64>,
+    deltas: PyReadonlyArray1<'py, i64>,
+) -> PyResult<BytesEnds<'py>> {
+    let bytes = data.as_bytes();
+    let (s, e, d) = (body_start.as_slice()?, end.as_slice()?, deltas.as_slice()?);
+    if s.len() != e.len() || d.len() != e.len() {
+        return Err(PyValueError::new_err(
+            "body_start, end and deltas differ in length",
+        ));
+    }
+    if s.iter()
+        .zip(e)
+        .any(|(&a, &b)| a < 0 || b < a || b as usize > bytes.len())
+    {
+        return Err(PyValueError::new_err(
+            "a record body lies outside the buffer",
+        ));
+    }
+    let (out, ends) = py.allow_threads(|| batches::reencode(bytes, s, e, d));
+    Ok((PyBytes::new(py, &out), ends.into_pyarray(py)))
+}
+
+/// v2 batches from header columns and their (already compressed) records sections:
+/// `(bytes, batch ends)`, each batch with its CRC-32C.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn assemble_batches<'py>(
+    py: Python<'py>,
+    base_offset: PyReadonlyArray1<'py, i64>,
+    last_offset_delta: PyReadonlyArray1<'py, i32>,
+    partition_leader_epoch: PyReadonlyArray1<'py, i32>,
+    attributes: PyReadonlyArray1<'py, i16>,
+    base_timestamp: PyReadonlyArray1<'py, i64>,
+    max_timestamp: PyReadonlyArray1<'py, i64>,
+    producer_id: PyReadonlyArray1<'py, i64>,
+    producer_epoch: PyReadonlyArray1<'py, i16>,
+    base_sequence: PyReadonlyArray1<'py, i32>,
+    records_count: PyReadonlyArray1<'py, i32>,
+    sections: &Bound<'py, PyBytes>,
+    bounds: PyReadonlyArray1<'py, i64>,
+) -> PyResult<BytesEnds<'py>> {
+    let h = batches::Headers {
+        base_offset: base_offset.as_slice()?,
+        last_offset_delta: last_offset_delta.as_slice()?,
+        partition_leader_epoch: partition_leader_epoch.as_slice()?,
+        attributes: attributes.as_slice()?,
+        base_timestamp: base_timestamp.as_slice()?,
+        max_timestamp: max_timestamp.as_slice()?,
+        producer_id: producer_id.as_slice()?,
+        producer_epoch: producer_epoch.as_slice()?,
+        base_sequence: base_sequence.as_slice()?,
+        records_count: records_count.as_slice()?,
+    };
+    let n = h.base_offset.len();
+    let columns = [
+        h.last_offset_delta.len(),
+        h.partition_leader_epoch.len(),
+        h.attributes.len(),
+        h.base_timestamp.len(),
+        h.max_timestamp.len(),
+        h.producer_id.len(),
+        h.producer_epoch.len(),
+        h.base_sequence.len(),
+        h.records_count.len(),
+    ];
+    let sections = sections.as_bytes();
+    let bounds = bounds.as_slice()?;
+    if columns.iter().any(|&len| len != n) || bounds.len() != n + 1 {
+        return Err(PyValueError::new_err(
+            "one header entry per batch and n + 1 section bounds",
+        ));
+    }
+    if bounds.windows(2).any(|w| w[0] < 0 || w[1] < w[0])
+        || bounds.last().is_some_and(|&b| b as usize > sections.len())
+    {
+        return Err(PyValueError::new_err(
+            "section bounds lie outside the sections",
+        ));
+    }
+    let (out, ends) = py.allow_threads(|| batches::assemble(&h, sections, bounds));
+    Ok((PyBytes::new(py, &out), ends.into_pyarray(py)))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(reencode_records, m)?)?;
+    m.add_function(wrap_pyfunction!(assemble_batches, m)?)?;
     m.add_function(wrap_pyfunction!(offset_map_insert, m)?)?;
     m.add_function(wrap_pyfunction!(offset_map_locate, m)?)?;
     m.add_function(wrap_pyfunction!(decode_records, m)?)?;
