@@ -21,7 +21,7 @@ fn put_varint(out: &mut Vec<u8>, value: i64) {
 
 fn varint_size(value: i64) -> usize {
     let u = ((value << 1) ^ (value >> 63)) as u64;
-    (((64 - u.leading_zeros()).max(1) + 6) / 7) as usize
+    (64 - u.leading_zeros()).max(1).div_ceil(7) as usize
 }
 
 /// The records `body_start[i]..end[i]` of `data`, each re-encoded with timestamp delta
