@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 # `operator` whenever Python put the working directory on sys.path (`python -m ...`).
 export PYTHONSAFEPATH := 1
 
-.PHONY: demo test lint bench setup
+.PHONY: demo test lint bench setup fuzz
 
 setup: $(STAMP)
 
@@ -37,3 +37,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/format.py
 	$(BIN)/python bench/observe.py
 	$(BIN)/python bench/spark.py
+
+# Coverage-guided fuzzing of the record decoder (atheris); FUZZ_SECONDS=600 by default.
+FUZZ_SECONDS ?= 600
+fuzz: $(STAMP)
+	$(BIN)/python bench/fuzz_decoder.py -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 .tools/fuzz/corpus
+
