@@ -16,17 +16,31 @@
 # against Debian's /usr/bin/python3.11 instead of this image's /usr/local one.)
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG RUST_IMAGE=rust:1-slim-bookworm
+
+# The compiled core (native/, Rust) is built in the builder stage with the official Rust
+# toolchain; the runtime stage gets the wheel's extension module and no compiler.
+FROM ${RUST_IMAGE} AS rust
 
 FROM ${PYTHON_IMAGE} AS builder
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+COPY --from=rust /usr/local/cargo /usr/local/cargo
+COPY --from=rust /usr/local/rustup /usr/local/rustup
+ENV CARGO_HOME=/usr/local/cargo \
+    RUSTUP_HOME=/usr/local/rustup \
+    PATH=/usr/local/cargo/bin:$PATH \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
+# Rust links the extension with the C toolchain's linker.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY cleaner ./cleaner
 COPY operator ./operator
-# Build the wheel, then install it (with its dependencies, all binary wheels) into a venv.
-# tests/test_image.py runs this RUN line as it is (paths mapped), so keep it one plain sh line.
+COPY native ./native
+# Build the wheel (compiling native/), then install it (with its dependencies, all binary
+# wheels) into a venv. tests/test_image.py runs this last RUN line as it is (paths mapped), so
+# keep it one plain sh line.
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/kafka-cleaner \
  && /opt/kafka-cleaner/bin/pip install --only-binary=:all: /wheels/kafka_cleaner-*.whl \

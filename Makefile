@@ -9,11 +9,12 @@ STAMP  := $(VENV)/.installed-stamp
 # `operator` whenever Python put the working directory on sys.path (`python -m ...`).
 export PYTHONSAFEPATH := 1
 
-.PHONY: demo test lint bench setup mutation crash-soak
+.PHONY: demo test lint bench setup mutation crash-soak fuzz
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup-system.sh scripts/get-helm.sh scripts/get-kafka.sh tests/kafka/pom.xml
+$(STAMP): pyproject.toml scripts/setup-system.sh scripts/get-helm.sh scripts/get-kafka.sh tests/kafka/pom.xml \
+		native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 	./scripts/setup-system.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -45,3 +46,9 @@ mutation: $(STAMP)
 # The crash-consistency checker on bigger logs (docs/testing.md); `make test` runs the small ones.
 crash-soak: $(STAMP)
 	CRASH_SOAK=1 $(BIN)/python -m pytest -n 0 -q tests/crash
+
+# Coverage-guided fuzzing of the record decoder (atheris); FUZZ_SECONDS=600 by default.
+FUZZ_SECONDS ?= 600
+fuzz: $(STAMP)
+	$(BIN)/python bench/fuzz_decoder.py -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 .tools/fuzz/corpus
+

@@ -9,6 +9,8 @@ command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || missing+=(maven)
 command -v lua5.4 >/dev/null 2>&1 || missing+=(lua5.4)
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+# The compiled core (native/) needs a Rust toolchain: the machine's rustup, or Debian's.
+command -v cargo >/dev/null 2>&1 || missing+=(cargo)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
     echo "setup-system: not root; please install: ${missing[*]} (apt-get install -y ...)" >&2

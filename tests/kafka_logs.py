@@ -299,7 +299,7 @@ def _consumer_view(log: Log) -> ConsumerView:
                     visible[rows[hit]] = False
             rows = np.flatnonzero(visible)
             data = memoryview(cols.data)
-            starts, ends = cols.key_spans(rows)
+            starts, ends = (s.tolist() for s in cols.key_spans(rows))
             last_row = dict(
                 zip([bytes(data[a:b]) for a, b in zip(starts, ends, strict=True)], rows.tolist(), strict=True)
             )

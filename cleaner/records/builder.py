@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import crc32c
 import numpy as np
 
+from cleaner import _native
 from cleaner.records.batch import (
     ATTRIBUTES_OFFSET,
     CURRENT_MAGIC,
@@ -42,7 +43,7 @@ from cleaner.records.columns import RecordColumns
 from cleaner.records.compression import CompressionType, compress
 from cleaner.records.control import ControlRecordType, EndTxnMarker
 from cleaner.records.record import Header, Record
-from cleaner.records.varint import encode_varint, encode_varints
+from cleaner.records.varint import encode_varint
 
 _CRC = struct.Struct(">I")
 
@@ -293,36 +294,49 @@ def rebuild_batches(
     deltas = timestamps - np.repeat(base_ts, counts)
     section, record_ends = _reencode_records(columns, rows, deltas)
     section_bounds = np.concatenate(([0], record_ends))
-    attrs = headers.attributes[batches]
+    head = headers.headers[batches]
+    attrs = head["attributes"].astype(np.int64)
     log_append = (attrs & Attributes.LOG_APPEND_TIME) != 0
     max_ts = np.full(batches.size, NO_TIMESTAMP, dtype=np.int64)
     if rows.size:
         starts = first[has_rows]
         max_ts[has_rows] = np.maximum.reduceat(timestamps, starts)
     max_ts = np.where(log_append, headers.max_timestamps[batches], max_ts)
-    out = []
-    view = memoryview(section)
-    for j, b in enumerate(batches.tolist()):
-        h = headers.header(b)
-        timestamp_type = TimestampType.LOG_APPEND_TIME if log_append[j] else TimestampType.CREATE_TIME
-        attributes = _attributes(h.compression, timestamp_type, h.is_transactional, h.is_control, horizons[j] >= 0)
-        records = view[int(section_bounds[first[j]]) : int(section_bounds[last[j]])]
-        out.append(
-            assemble_batch(
-                base_offset=h.base_offset,
-                last_offset_delta=h.last_offset_delta,
-                attributes=attributes,
-                base_timestamp=int(base_ts[j]),
-                max_timestamp=int(max_ts[j]),
-                producer_id=h.producer_id,
-                producer_epoch=h.producer_epoch,
-                base_sequence=h.base_sequence,
-                records_count=int(counts[j]),
-                records=records,
-                partition_leader_epoch=h.partition_leader_epoch,
-            )
-        )
-    return out
+    # Codec, timestamp type, transactional and control flags stay; the horizon flag follows
+    # the horizon. A batch left without records is written without a codec (nothing to
+    # compress; like Kafka's empty headers it says so).
+    kept_bits = Attributes.COMPRESSION_MASK | Attributes.LOG_APPEND_TIME | Attributes.TRANSACTIONAL | Attributes.CONTROL
+    attrs = (attrs & kept_bits) | np.where(horizons >= 0, Attributes.DELETE_HORIZON, 0)
+    attrs = np.where(counts == 0, attrs & ~Attributes.COMPRESSION_MASK, attrs)
+    lo, hi = section_bounds[first], section_bounds[last]
+    codecs = attrs & Attributes.COMPRESSION_MASK
+    if (codecs != 0).any() or (batches.size and (lo[1:] != hi[:-1]).any()):
+        view = memoryview(section)
+        pieces = [
+            compress(int(codec), view[a:b]) if codec else view[a:b]
+            for codec, a, b in zip(codecs.tolist(), lo.tolist(), hi.tolist(), strict=True)
+        ]
+        lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
+        section = b"".join(pieces)
+        bounds = np.concatenate(([0], np.cumsum(lengths)))
+    else:
+        bounds = np.concatenate((lo, hi[-1:])) if batches.size else np.zeros(1, dtype=np.int64)
+    out, ends = _native.assemble_batches(
+        head["base_offset"].astype(np.int64),
+        head["last_offset_delta"].astype(np.int32),
+        head["partition_leader_epoch"].astype(np.int32),
+        attrs.astype(np.int16),
+        base_ts.astype(np.int64),
+        max_ts.astype(np.int64),
+        head["producer_id"].astype(np.int64),
+        head["producer_epoch"].astype(np.int16),
+        head["base_sequence"].astype(np.int32),
+        counts.astype(np.int32),
+        section,
+        bounds.astype(np.int64),
+    )
+    view = memoryview(out)
+    return [bytes(view[a:b]) for a, b in itertools.pairwise([0, *ends.tolist()])]
 
 
 def ragged_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -336,61 +350,10 @@ def ragged_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + shift
 
 
-_SLICE_COPY_MIN = 64
-"""Ranges at least this long are copied slice by slice: a slice copy costs ~0.3 µs whatever
-its length, a byte-index gather ~3 ns per byte (bench: 95-byte ranges 0.29 vs 0.40 µs)."""
-_GATHER_BLOCK = 1 << 16
-"""Bytes per byte-index gather: the int64 index temporaries (16 bytes per byte copied) stay
-in cache and bounded; one gather over a 4 MiB chunk needs 64 MiB of them and runs 3x slower."""
-
-
-def copy_ranges(
-    dst: np.ndarray, dst_starts: np.ndarray, src: np.ndarray, src_starts: np.ndarray, lengths: np.ndarray
-) -> None:
-    """``dst[d:d + n] = src[s:s + n]`` for every range (uint8 arrays)."""
-    dst_starts = np.asarray(dst_starts, dtype=np.int64)
-    src_starts = np.asarray(src_starts, dtype=np.int64)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    long = lengths >= _SLICE_COPY_MIN
-    if long.any():
-        to, frm = memoryview(dst), memoryview(src)
-        for d, s, n in zip(dst_starts[long].tolist(), src_starts[long].tolist(), lengths[long].tolist(), strict=True):
-            to[d : d + n] = frm[s : s + n]
-        short = ~long
-        dst_starts, src_starts, lengths = dst_starts[short], src_starts[short], lengths[short]
-    if lengths.size == 0:
-        return
-    ends = np.cumsum(lengths)
-    cuts = np.searchsorted(ends, np.arange(_GATHER_BLOCK, int(ends[-1]), _GATHER_BLOCK), side="right")
-    for a, b in itertools.pairwise([0, *np.unique(cuts).tolist(), lengths.size]):
-        if b > a:
-            dst[ragged_ranges(dst_starts[a:b], lengths[a:b])] = src[ragged_ranges(src_starts[a:b], lengths[a:b])]
-
-
 def _reencode_records(columns: RecordColumns, rows: np.ndarray, deltas: np.ndarray) -> tuple[bytes, np.ndarray]:
-    """The ``rows``, each as ``length | attributes 0 | timestampDelta | body``, concatenated;
-    and where each record ends in the result. New prefixes are encoded as a column and
-    scattered between the bodies copied from the source."""
-    if rows.size == 0:
-        return b"", np.zeros(0, dtype=np.int64)
-    raw = np.frombuffer(columns.data, dtype=np.uint8)
-    body_start = columns.body_start[rows]
-    body_len = columns.end[rows] - body_start
-    delta_bytes, delta_size = encode_varints(deltas)
-    record_len = 1 + delta_size + body_len
-    len_bytes, len_size = encode_varints(record_len)
-    prefix_matrix = np.concatenate([len_bytes, np.zeros((rows.size, 1), dtype=np.uint8), delta_bytes], axis=1)
-    col = np.arange(10)
-    keep = np.concatenate(
-        [col[None, :] < len_size[:, None], np.ones((rows.size, 1), dtype=bool), col[None, :] < delta_size[:, None]],
-        axis=1,
+    """The ``rows``, each as ``length | attributes 0 | timestampDelta | body`` (the body
+    copied byte for byte), concatenated; and where each record ends in the result."""
+    data = columns.data if isinstance(columns.data, bytes) else bytes(columns.data)
+    return _native.reencode_records(
+        data, columns.body_start[rows], columns.end[rows], np.asarray(deltas, dtype=np.int64)
     )
-    prefix = prefix_matrix[keep]
-    prefix_len = len_size + 1 + delta_size
-    total_len = prefix_len + body_len
-    ends = np.cumsum(total_len)
-    out_start = ends - total_len
-    out = np.empty(int(ends[-1]), dtype=np.uint8)
-    copy_ranges(out, out_start, prefix, np.cumsum(prefix_len) - prefix_len, prefix_len)
-    copy_ranges(out, out_start + prefix_len, raw, body_start, body_len)
-    return out.tobytes(), ends

@@ -2,11 +2,9 @@
 
 A v2 record is a run of varints (``length, attributes, timestampDelta, offsetDelta,
 keyLength, key, valueLength, value, headerCount, headers``), so record *i+1* starts where
-record *i* ends and the only sequential part is finding record boundaries. That step
-walks all batches of a chunk in lock step (record *j* of every batch in one numpy
-operation); batches much longer than the others are finished by a short per-record loop
-that decodes only the length varint. Every field is then decoded one column at a time
-over all records.
+record *i* ends: a sequential walk, done by the compiled core (``native/src/records.rs``)
+in one pass over every record of every batch of a chunk, with Kafka's structural checks
+(``DefaultRecord.readFrom``). Decompression and the checks on whole batches stay here.
 
 The result never copies keys or values: it holds spans into one buffer (the log bytes
 for uncompressed batches, the decompressed sections otherwise). The cleaner needs only
@@ -20,16 +18,16 @@ from functools import cached_property
 
 import numpy as np
 
+from cleaner import _native
 from cleaner.errors import CorruptRecordError
 from cleaner.records.batch import RECORD_BATCH_OVERHEAD
 from cleaner.records.compression import decompress
 from cleaner.records.record import Header, Record
 from cleaner.records.scan import Batches
-from cleaner.records.varint import MAX_VARLONG_BYTES, decode_varint, decode_varints
+from cleaner.records.varint import decode_varint
 
 MIN_RECORD_SIZE = 7  # length, attributes, timestampDelta, offsetDelta, keyLength, valueLength, headerCount
-MIN_HEADER_SIZE = 2  # keyLength, valueLength
-_LOCKSTEP_MIN_WIDTH = 48  # below this many batches in step, the per-record loop is cheaper (measured)
+
 
 
 class RecordColumns:
@@ -123,13 +121,12 @@ class RecordColumns:
     def records(self) -> list[Record]:
         return [self.record(i) for i in range(len(self))]
 
-    def key_spans(self, rows: np.ndarray | None = None) -> tuple[list[int], list[int]]:
-        """(starts, ends) of the keys of ``rows`` (default: every keyed record) as lists,
-        ready for ``map(slice, ...)`` in the hashing loop."""
+    def key_spans(self, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(starts, ends) of the keys of ``rows`` (default: every keyed record), in ``data``."""
         if rows is None:
             rows = np.flatnonzero(self.has_key)
         starts = self.key_start[rows]
-        return starts.tolist(), (starts + self.key_length[rows]).tolist()
+        return starts, starts + self.key_length[rows]
 
 
 def decode_records(
@@ -146,7 +143,6 @@ def decode_records(
     """
     if not batches.is_v2.all():
         batches = batches.select(batches.is_v2)
-    n = len(batches)
     counts = batches.records_counts
     # Kafka reads no records of a batch whose count is 0 and never looks at its section.
     compressed = (batches.compression != 0) & (counts > 0)
@@ -156,11 +152,8 @@ def decode_records(
         sec_end = np.where(counts > 0, batches.positions + batches.sizes, sec_start)
     else:
         data, sec_start, sec_end = _decompress_sections(batches, compressed, max_decompressed_bytes)
-    raw = np.frombuffer(data, dtype=np.uint8)
     _check_counts(batches, counts, sec_start, sec_end, compressed)
-    starts = _record_starts(batches, data, raw, sec_start, sec_end, counts, compressed)
-    batch = np.repeat(np.arange(n, dtype=np.int64), counts)
-    columns = _decode_fields(batches, raw, starts, batch, sec_end, compressed)
+    columns = _decode_columns(batches, data, sec_start, sec_end, counts, compressed)
     return RecordColumns(batches, data, columns)
 
 
@@ -235,157 +228,21 @@ def _check_counts(
         )
 
 
-def _record_starts(
+def _decode_columns(
     batches: Batches,
     data: bytes | bytearray | memoryview,
-    raw: np.ndarray,
     sec_start: np.ndarray,
     sec_end: np.ndarray,
     counts: np.ndarray,
     compressed: np.ndarray,
-) -> np.ndarray:
-    total = int(counts.sum())
-    out = np.empty(total, dtype=np.int64)
-    first_row = np.cumsum(counts) - counts
-    cur = sec_start.copy()
-    active = np.flatnonzero(counts > 0)
-    j = 0
-    while active.size >= _LOCKSTEP_MIN_WIDTH:
-        c = cur[active]
-        out[first_row[active] + j] = c
-        length, size, bad = decode_varints(raw, c)
-        nxt = c + size + length
-        bad |= (length < 0) | (nxt > sec_end[active])
-        if bad.any():
-            k = int(np.flatnonzero(bad)[0])
-            raise _error(batches, int(active[k]), _length_problem(int(length[k])), compressed, int(c[k]))
-        cur[active] = nxt
-        j += 1
-        active = active[counts[active] > j]
-    for b in active.tolist():
-        row = int(first_row[b])
-        p = int(cur[b])
-        limit = int(sec_end[b])
-        for r in range(row + j, row + int(counts[b])):
-            out[r] = p
-            try:
-                length, q = decode_varint(data, p)
-            except CorruptRecordError as e:
-                raise _error(batches, b, e.reason, compressed, p) from None
-            if length < 0 or q + length > limit:
-                raise _error(batches, b, _length_problem(length), compressed, p)
-            p = q + length
-        cur[b] = p
-    leftover = np.flatnonzero(cur != sec_end)
-    if leftover.size:
-        b = int(leftover[0])
-        raise _error(
-            batches,
-            b,
-            f"incorrect declared batch size, {int(sec_end[b] - cur[b])} bytes remain after {int(counts[b])} records",
-            compressed,
-            int(cur[b]),
-        )
-    return out
-
-
-def _length_problem(length: int) -> str:
-    if length < 0:
-        return f"invalid negative record length {length}"
-    return f"record of {length} bytes extends beyond its batch"
-
-
-def _decode_fields(
-    batches: Batches,
-    raw: np.ndarray,
-    start: np.ndarray,
-    batch: np.ndarray,
-    sec_end: np.ndarray,
-    compressed: np.ndarray,
 ) -> dict[str, np.ndarray]:
-    length, size, _ = decode_varints(raw, start)
-    end = start + size + length
-    p = start + size + 1  # attributes: one byte, no bits defined, ignored like Kafka does
-    ts_delta, size, bad = decode_varints(raw, p, MAX_VARLONG_BYTES)
-    problems = [(bad, "timestamp delta varlong is too long")]
-    p = p + size
-    body_start = p
-    offset_delta, size, bad = decode_varints(raw, p)
-    problems.append((bad, "offset delta varint is too long"))
-    p = p + size
-    key_length, size, bad = decode_varints(raw, p)
-    problems.append((bad | (key_length < -1), "invalid key length"))
-    p = p + size
-    key_start = p
-    p = p + np.maximum(key_length, 0)
-    problems.append((p > end, "key extends beyond the record"))
-    value_length, size, bad = decode_varints(raw, p)
-    problems.append((bad | (value_length < -1), "invalid value length"))
-    p = p + size
-    value_start = p
-    p = p + np.maximum(value_length, 0)
-    problems.append((p > end, "value extends beyond the record"))
-    headers_count, size, bad = decode_varints(raw, p)
-    p = p + size
-    problems.append((bad | (headers_count < 0) | (headers_count * MIN_HEADER_SIZE > end - p), "invalid header count"))
-    _raise_first(batches, batch, start, offset_delta, problems, compressed)
-    headers_start = p
-    p = _skip_headers(raw, p, headers_count, end)
-    problems = [(p != end, "invalid record size: the fields do not add up to the declared length")]
-    _raise_first(batches, batch, start, offset_delta, problems, compressed)
-    return {
-        "batch": batch,
-        "start": start,
-        "end": end,
-        "timestamp_delta": ts_delta,
-        "body_start": body_start,
-        "offset_delta": offset_delta,
-        "key_start": key_start,
-        "key_length": key_length,
-        "value_start": value_start,
-        "value_length": value_length,
-        "headers_count": headers_count,
-        "headers_start": headers_start,
-    }
-
-
-def _skip_headers(raw: np.ndarray, p: np.ndarray, count: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Position after each record's headers (a record's headers are walked in step with
-    every other record's; a bad length sends the position past ``end``, which the caller
-    reports). Most records have no headers, so this is usually one comparison."""
-    p = p.copy()
-    active = np.flatnonzero(count > 0)
-    j = 0
-    while active.size:
-        q = p[active]
-        klen, size, bad = decode_varints(raw, q)
-        q = q + size + np.maximum(klen, 0)
-        vlen, size, bad2 = decode_varints(raw, q)
-        q = q + size + np.maximum(vlen, 0)
-        broken = bad | bad2 | (klen < 0) | (vlen < -1) | (q > end[active])
-        q[broken] = end[active][broken] + 1  # mark: cannot add up any more
-        p[active] = q
-        j += 1
-        active = active[(count[active] > j) & ~broken]
-    return p
-
-
-def _raise_first(
-    batches: Batches,
-    batch: np.ndarray,
-    start: np.ndarray,
-    offset_delta: np.ndarray,
-    problems: list[tuple[np.ndarray, str]],
-    compressed: np.ndarray,
-) -> None:
-    """Raise for the earliest record with any problem (the first reason that applies to it)."""
-    any_bad = np.zeros(start.shape, dtype=bool)
-    for mask, _ in problems:
-        any_bad |= mask
-    if not any_bad.any():
-        return
-    r = int(np.flatnonzero(any_bad)[0])
-    reason = next(text for mask, text in problems if mask[r])
-    b = int(batch[r])
-    offset = int(batches.base_offsets[b] + offset_delta[r])
-    raise _error(batches, b, reason, compressed, int(start[r]), offset)
+    """Every record field as a column, from the compiled core; its first structural
+    problem becomes a ``CorruptRecordError`` at the record (uncompressed) or the batch."""
+    if not isinstance(data, bytes):
+        data = bytes(data)
+    columns, problem = _native.decode_records(data, sec_start, sec_end, counts.astype(np.int64))
+    if problem is not None:
+        b, position, offset_delta, reason = problem
+        offset = None if offset_delta is None else int(batches.base_offsets[b]) + offset_delta
+        raise _error(batches, b, reason, compressed, position, offset)
+    return columns

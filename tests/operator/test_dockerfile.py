@@ -29,12 +29,16 @@ def test_multi_stage_from_python_3_11_slim() -> None:
     steps = instructions()
     assert ("ARG", "PYTHON_IMAGE=python:3.11-slim-bookworm") in steps
     stages = [args for op, args in steps if op == "FROM"]
-    assert stages == ["${PYTHON_IMAGE} AS builder", "${PYTHON_IMAGE} AS runtime"]
+    assert ("ARG", "RUST_IMAGE=rust:1-slim-bookworm") in steps
+    assert stages == ["${RUST_IMAGE} AS rust", "${PYTHON_IMAGE} AS builder", "${PYTHON_IMAGE} AS runtime"]
+    builder = steps[[i for i, (op, _) in enumerate(steps) if op == "FROM"][1] :]
+    assert ("COPY", "--from=rust /usr/local/cargo /usr/local/cargo") in builder
     build = " ".join(args for op, args in steps if op == "RUN")
     assert "pip wheel --no-deps" in build and "python -m venv /opt/kafka-cleaner" in build
-    runtime = steps[[i for i, (op, _) in enumerate(steps) if op == "FROM"][1]:]
+    runtime = steps[[i for i, (op, _) in enumerate(steps) if op == "FROM"][2] :]
     assert ("COPY", "--from=builder /opt/kafka-cleaner /opt/kafka-cleaner") in runtime
     assert not [args for op, args in runtime if op == "RUN"], "the runtime stage runs no shell"
+    assert not [args for op, args in runtime if "rust" in args or "cargo" in args], "no compiler at run time"
 
 
 def test_runs_as_a_numeric_non_root_user_with_exec_form_entry_points() -> None:
@@ -56,9 +60,9 @@ def test_both_entry_points_are_console_scripts() -> None:
 def test_the_build_context_is_an_allowlist() -> None:
     lines = [line for line in (REPO / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
     assert lines[0] == "*"
-    assert {"!pyproject.toml", "!README.md", "!cleaner/", "!operator/"} <= set(lines)
+    assert {"!pyproject.toml", "!README.md", "!cleaner/", "!operator/", "!native/", "native/target"} <= set(lines)
     copied = re.findall(r"^COPY (?!--from)(.+?) \S+$", DOCKERFILE, re.MULTILINE)
-    assert copied == ["pyproject.toml README.md", "cleaner", "operator"]
+    assert copied == ["pyproject.toml README.md", "cleaner", "operator", "native"]
 
 
 def _names(requirements: list[str]) -> set[str]:

@@ -1,0 +1,265 @@
+//! kafka-cleaner's compiled core (`cleaner._native`): the byte-level loops over every
+//! record, under Python code that keeps Kafka's rules readable. Each function releases
+//! the GIL while it works, so cleaner threads run in parallel.
+
+mod batches;
+mod offset_map;
+mod records;
+mod varint;
+
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadwriteArray1};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+/// The first structural problem of a records section: (batch, position, offset delta, reason).
+type Problem = (usize, i64, Option<i64>, String);
+
+/// Decode the records of v2 batches to columns. Returns `(columns, None)` or
+/// `(None, (batch, position, offset_delta, reason))` for the first structural problem.
+#[pyfunction]
+fn decode_records<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyBytes>,
+    sec_start: PyReadonlyArray1<'py, i64>,
+    sec_end: PyReadonlyArray1<'py, i64>,
+    counts: PyReadonlyArray1<'py, i64>,
+) -> PyResult<(Option<Bound<'py, PyDict>>, Option<Problem>)> {
+    let bytes = data.as_bytes();
+    let (s, e, n) = (
+        sec_start.as_slice()?,
+        sec_end.as_slice()?,
+        counts.as_slice()?,
+    );
+    if s.len() != n.len() || e.len() != n.len() {
+        return Err(PyValueError::new_err(
+            "sec_start, sec_end and counts differ in length",
+        ));
+    }
+    match py.allow_threads(|| records::decode(bytes, s, e, n)) {
+        Ok(c) => {
+            let out = PyDict::new(py);
+            for (name, column) in [
+                ("batch", c.batch),
+                ("start", c.start),
+                ("end", c.end),
+                ("timestamp_delta", c.timestamp_delta),
+                ("body_start", c.body_start),
+                ("offset_delta", c.offset_delta),
+                ("key_start", c.key_start),
+                ("key_length", c.key_length),
+                ("value_start", c.value_start),
+                ("value_length", c.value_length),
+                ("headers_count", c.headers_count),
+                ("headers_start", c.headers_start),
+            ] {
+                out.set_item(name, column.into_pyarray(py))?;
+            }
+            Ok((Some(out), None))
+        }
+        Err(p) => Ok((None, Some((p.batch, p.position, p.offset_delta, p.reason)))),
+    }
+}
+
+/// xxh3-128 of each key `data[starts[i]..ends[i]]`, as `n * 16` bytes (big-endian digests,
+/// as `xxhash.xxh3_128_digest` gives them).
+#[pyfunction]
+fn digest_keys<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyBytes>,
+    starts: PyReadonlyArray1<'py, i64>,
+    ends: PyReadonlyArray1<'py, i64>,
+) -> PyResult<Bound<'py, PyArray1<u8>>> {
+    let bytes = data.as_bytes();
+    let (s, e) = (starts.as_slice()?, ends.as_slice()?);
+    if s.len() != e.len() {
+        return Err(PyValueError::new_err("starts and ends differ in length"));
+    }
+    if s.iter()
+        .zip(e)
+        .any(|(&a, &b)| a < 0 || b < a || b as usize > bytes.len())
+    {
+        return Err(PyValueError::new_err("a key span lies outside the buffer"));
+    }
+    let out = py.allow_threads(|| {
+        let mut out = Vec::with_capacity(s.len() * 16);
+        for (&a, &b) in s.iter().zip(e) {
+            let digest = xxhash_rust::xxh3::xxh3_128(&bytes[a as usize..b as usize]);
+            out.extend_from_slice(&digest.to_be_bytes());
+        }
+        out
+    });
+    Ok(out.into_pyarray(py))
+}
+
+/// Put `digests` (n * 16 bytes) with their stored offsets into the offset map's rows,
+/// in order; returns how many slots were newly taken.
+#[pyfunction]
+fn offset_map_insert<'py>(
+    py: Python<'py>,
+    mut rows: PyReadwriteArray1<'py, u8>,
+    mut partition_sizes: PyReadwriteArray1<'py, i64>,
+    slots_per_partition: usize,
+    digests: &Bound<'py, PyBytes>,
+    stored: PyReadonlyArray1<'py, u32>,
+) -> PyResult<usize> {
+    let digests = digests.as_bytes();
+    let stored = stored.as_slice()?;
+    if digests.len() != stored.len() * 16 {
+        return Err(PyValueError::new_err(
+            "one 16-byte digest per stored offset",
+        ));
+    }
+    let sizes = partition_sizes.as_slice_mut()?;
+    let partitioned = sizes.len() > 1;
+    let rows = rows.as_slice_mut()?;
+    let row_size = rows.len() / (slots_per_partition * sizes.len());
+    let mut table = offset_map::Table {
+        rows,
+        row_size,
+        slots_per_partition,
+        partitioned,
+    };
+    py.allow_threads(|| table.insert(digests, stored, sizes))
+        .map_err(|i| PyValueError::new_err(format!("offset map partition full at key {i}")))
+}
+
+type SlotsFound<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<bool>>);
+
+/// For each digest, the slot holding it and whether it was found (else the empty slot
+/// that ends its probe sequence).
+#[pyfunction]
+fn offset_map_locate<'py>(
+    py: Python<'py>,
+    rows: PyReadonlyArray1<'py, u8>,
+    partitions: usize,
+    slots_per_partition: usize,
+    digests: &Bound<'py, PyBytes>,
+) -> PyResult<SlotsFound<'py>> {
+    let digests = digests.as_bytes();
+    let rows = rows.as_slice()?;
+    let row_size = rows.len() / (slots_per_partition * partitions);
+    let result = py.allow_threads(|| {
+        let n = digests.len() / 16;
+        let mut slots = Vec::with_capacity(n);
+        let mut found = Vec::with_capacity(n);
+        for digest in digests.chunks_exact(16) {
+            match offset_map::locate(rows, row_size, slots_per_partition, partitions > 1, digest)? {
+                offset_map::Slot::Found(g) => {
+                    slots.push(g as i64);
+                    found.push(true);
+                }
+                offset_map::Slot::Empty(g) => {
+                    slots.push(g as i64);
+                    found.push(false);
+                }
+            }
+        }
+        Some((slots, found))
+    });
+    let (slots, found) =
+        result.ok_or_else(|| PyValueError::new_err("offset map partition has no empty slot"))?;
+    Ok((slots.into_pyarray(py), found.into_pyarray(py)))
+}
+
+type BytesEnds<'py> = (Bound<'py, PyBytes>, Bound<'py, PyArray1<i64>>);
+
+/// Kept records re-encoded with new timestamp deltas: `(bytes, record ends)`.
+#[pyfunction]
+fn reencode_records<'py>(
+    py: Python<'py>,
+    data: &Bound<'py, PyBytes>,
+    body_start: PyReadonlyArray1<'py, i64>,
+    end: PyReadonlyArray1<'py, i64>,
+    deltas: PyReadonlyArray1<'py, i64>,
+) -> PyResult<BytesEnds<'py>> {
+    let bytes = data.as_bytes();
+    let (s, e, d) = (body_start.as_slice()?, end.as_slice()?, deltas.as_slice()?);
+    if s.len() != e.len() || d.len() != e.len() {
+        return Err(PyValueError::new_err(
+            "body_start, end and deltas differ in length",
+        ));
+    }
+    if s.iter()
+        .zip(e)
+        .any(|(&a, &b)| a < 0 || b < a || b as usize > bytes.len())
+    {
+        return Err(PyValueError::new_err(
+            "a record body lies outside the buffer",
+        ));
+    }
+    let (out, ends) = py.allow_threads(|| batches::reencode(bytes, s, e, d));
+    Ok((PyBytes::new(py, &out), ends.into_pyarray(py)))
+}
+
+/// v2 batches from header columns and their (already compressed) records sections:
+/// `(bytes, batch ends)`, each batch with its CRC-32C.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn assemble_batches<'py>(
+    py: Python<'py>,
+    base_offset: PyReadonlyArray1<'py, i64>,
+    last_offset_delta: PyReadonlyArray1<'py, i32>,
+    partition_leader_epoch: PyReadonlyArray1<'py, i32>,
+    attributes: PyReadonlyArray1<'py, i16>,
+    base_timestamp: PyReadonlyArray1<'py, i64>,
+    max_timestamp: PyReadonlyArray1<'py, i64>,
+    producer_id: PyReadonlyArray1<'py, i64>,
+    producer_epoch: PyReadonlyArray1<'py, i16>,
+    base_sequence: PyReadonlyArray1<'py, i32>,
+    records_count: PyReadonlyArray1<'py, i32>,
+    sections: &Bound<'py, PyBytes>,
+    bounds: PyReadonlyArray1<'py, i64>,
+) -> PyResult<BytesEnds<'py>> {
+    let h = batches::Headers {
+        base_offset: base_offset.as_slice()?,
+        last_offset_delta: last_offset_delta.as_slice()?,
+        partition_leader_epoch: partition_leader_epoch.as_slice()?,
+        attributes: attributes.as_slice()?,
+        base_timestamp: base_timestamp.as_slice()?,
+        max_timestamp: max_timestamp.as_slice()?,
+        producer_id: producer_id.as_slice()?,
+        producer_epoch: producer_epoch.as_slice()?,
+        base_sequence: base_sequence.as_slice()?,
+        records_count: records_count.as_slice()?,
+    };
+    let n = h.base_offset.len();
+    let columns = [
+        h.last_offset_delta.len(),
+        h.partition_leader_epoch.len(),
+        h.attributes.len(),
+        h.base_timestamp.len(),
+        h.max_timestamp.len(),
+        h.producer_id.len(),
+        h.producer_epoch.len(),
+        h.base_sequence.len(),
+        h.records_count.len(),
+    ];
+    let sections = sections.as_bytes();
+    let bounds = bounds.as_slice()?;
+    if columns.iter().any(|&len| len != n) || bounds.len() != n + 1 {
+        return Err(PyValueError::new_err(
+            "one header entry per batch and n + 1 section bounds",
+        ));
+    }
+    if bounds.windows(2).any(|w| w[0] < 0 || w[1] < w[0])
+        || bounds.last().is_some_and(|&b| b as usize > sections.len())
+    {
+        return Err(PyValueError::new_err(
+            "section bounds lie outside the sections",
+        ));
+    }
+    let (out, ends) = py.allow_threads(|| batches::assemble(&h, sections, bounds));
+    Ok((PyBytes::new(py, &out), ends.into_pyarray(py)))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(reencode_records, m)?)?;
+    m.add_function(wrap_pyfunction!(assemble_batches, m)?)?;
+    m.add_function(wrap_pyfunction!(offset_map_insert, m)?)?;
+    m.add_function(wrap_pyfunction!(offset_map_locate, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_records, m)?)?;
+    m.add_function(wrap_pyfunction!(digest_keys, m)?)?;
+    Ok(())
+}
