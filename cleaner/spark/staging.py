@@ -22,7 +22,6 @@ again), and a rerun after ``COMMITTED`` does nothing.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -121,20 +120,6 @@ def finish_attempt(attempt: Path, done: Path) -> bool:
         raise
     files.fsync_dir(done.parent)
     return True
-
-
-def link_or_copy(src: Path, dst: Path) -> None:
-    """``dst`` with ``src``'s bytes and mtime: a hard link where possible (same file
-    system; the staged file is never written again), else a copy, fsynced."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(dst)
-    try:
-        os.link(src, dst)
-    except OSError:
-        tmp = dst.with_name(dst.name + files.TMP_SUFFIX)
-        shutil.copy2(src, tmp)
-        files.fsync_file(tmp)
-        files.rename(tmp, dst)
 
 
 def copy_tree(src: Path, dst: Path) -> None:
