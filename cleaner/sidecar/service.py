@@ -65,7 +65,7 @@ from cleaner.windows import in_window
 
 from . import stage
 from .facts import ScanFactsCache
-from .guards import stage_refusal
+from .guards import refusals
 from .logdirs import duplicate_partitions, expand_log_dirs
 from .metrics import CleanerGauges, SidecarMetrics
 from .policy_watch import PolicyWatcher
@@ -977,34 +977,19 @@ class _StageController(_Controller):
         """The compacted partitions stage mode may work on now; the others that a guard
         refuses are recorded in ``refused`` with the reason."""
         sc = self.sidecar
-        refused: dict[tuple[Path, TopicPartition], str] = {}
-        out = []
-        by_dir: dict[Path, tuple[dict, dict]] = {}
-        for tp, managed in logs.items():
-            if not managed.compacted:
-                continue
-            key = (managed.log_dir.path, tp)
-            if managed.log_dir.path not in by_dir:
-                by_dir[managed.log_dir.path] = (
-                    managed.log_dir.cleaner_checkpoint.read(),
-                    managed.log_dir.log_start_offsets(),
-                )
-            cleaned, starts = by_dir[managed.log_dir.path]
-            why = stage_refusal(managed, cleaner_checkpoint=cleaned, log_start_checkpoint=starts)
-            if why is None and tp in sc.duplicates:
-                why = "the partition is in more than one log dir"
-            if why is None and key in self.refused and "stage.minFreeDiskRatio" not in self.refused[key]:
-                why = self.refused[key]  # a uid refusal stands until the files change owner
-                with contextlib.suppress(OSError):
-                    if stage.Owner.of(managed.log.dir).uid == os.geteuid():
-                        why = None
-            if why is not None:
-                refused[key] = why
-                continue
-            if key not in self.sets:
-                out.append((tp, managed))
+        refused = refusals(logs)
+        for tp in sc.duplicates:
+            managed = logs.get(tp)
+            if managed is not None and managed.compacted:
+                refused.setdefault((managed.log_dir.path, tp), "the partition is in more than one log dir")
         self.refused = refused
-        return out
+        return [
+            (tp, managed)
+            for tp, managed in logs.items()
+            if managed.compacted
+            and (managed.log_dir.path, tp) not in refused
+            and (managed.log_dir.path, tp) not in self.sets
+        ]
 
     def validate_all(
         self, manager: LogCleanerManager | None = None, logs: dict[TopicPartition, ManagedLog] | None = None
@@ -1048,7 +1033,9 @@ class _StageController(_Controller):
         self.sets.pop(key, None)
 
     def pause(self, now: int) -> None:
-        # Paused means no new staging; staged sets are still validated on every turn.
+        # Paused means no new staging; staged sets are still validated (and the disk
+        # guarded) on every turn.
+        self.evict_for_disk()
         self.validate_all()
 
     def reconfigure(self, policy: Policy, *, cleaner_changed: bool) -> None:

@@ -40,6 +40,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -238,24 +239,58 @@ class Owner:
         return cls(st.st_uid, st.st_gid)
 
 
+def uid_refusal(partition_dir: Path) -> str | None:
+    """Why files this process would stage in ``partition_dir`` could not be opened read-write
+    by the broker (the owner of the segments), before anything is written; None if they
+    could. Root hands staged files to the owner; another uid needs the owner's group on
+    them: as a member of it (Kubernetes adds the pod's fsGroup to every container), or from
+    a set-group-ID directory."""
+    owner = Owner.of(partition_dir)
+    euid = os.geteuid()
+    if euid in (0, owner.uid):
+        return None
+    parent = area(partition_dir) if area(partition_dir).is_dir() else partition_dir
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"the sidecar's uid {euid} may not write {parent} (owner uid {owner.uid})"
+    if owner.gid in _groups():
+        return None
+    st = parent.stat()
+    gid = st.st_gid if st.st_mode & stat.S_ISGID else os.getegid()
+    if gid != owner.gid:
+        return (
+            f"the sidecar's uid {euid} is not the owner ({owner.uid}) of the broker's files, and the files it would "
+            f"write get group {gid}, not the broker's group {owner.gid}: the broker could not open them "
+            "(run the sidecar as the broker's uid, or with the broker's group, e.g. the pod's fsGroup)"
+        )
+    return None
+
+
+def _groups() -> set[int]:
+    return {os.getegid(), *os.getgroups()}
+
+
 def make_usable_by(path: Path, owner: Owner) -> str | None:
-    """Make a staged file readable and writable by the broker (Kafka opens segments and
-    mmaps indexes read-write). Root gives the file to the owner; another uid opens it to
-    the owner's group. None when the broker can use it, else why not."""
+    """Make a staged file readable and writable, or a stage directory writable, by the
+    broker: Kafka opens segments and mmaps indexes read-write, and deleting a partition
+    deletes everything in its directory. Root gives the file to the owner; another uid
+    gives it to the owner's group. None when the broker can use it, else why not."""
     st = path.stat()
     if st.st_uid == owner.uid:
         return None
     if os.geteuid() == 0:
         os.chown(path, owner.uid, owner.gid)
         return None
-    os.chmod(path, (st.st_mode & 0o7777) | 0o660)
-    if st.st_gid == owner.gid:
-        return None
-    return (
-        f"the sidecar's uid {os.geteuid()} is not the owner ({owner.uid}) of the broker's files, and the files it "
-        f"writes get group {st.st_gid}, not the broker's group {owner.gid}: the broker could not open them "
-        "(run the sidecar as the broker's uid, or give the volume the broker's fsGroup)"
-    )
+    if st.st_gid != owner.gid and owner.gid in _groups():
+        os.chown(path, -1, owner.gid)
+        st = path.stat()
+    if st.st_gid != owner.gid:
+        return (
+            f"the sidecar's uid {os.geteuid()} is not the owner ({owner.uid}) of the broker's files, and the files it "
+            f"writes get group {st.st_gid}, not the broker's group {owner.gid}: the broker could not open them "
+            "(run the sidecar as the broker's uid, or with the broker's group, e.g. the pod's fsGroup)"
+        )
+    os.chmod(path, (st.st_mode & 0o7777) | (0o070 if stat.S_ISDIR(st.st_mode) else 0o060))
+    return None
 
 
 def stage_partition(
@@ -277,6 +312,11 @@ def stage_partition(
     _rmtree(work)
     work.mkdir(parents=True)
     owner = Owner.of(pdir)
+    for d in (a, work):
+        refused = make_usable_by(d, owner)
+        if refused is not None:
+            _rmtree(work)
+            raise StageRefused(refused)
     written: list[tuple[LogSegment, list[LogSegment]]] = []
 
     def collect(cleaned: LogSegment, group: list[LogSegment], generation: int) -> None:
@@ -333,6 +373,7 @@ def stage_partition(
             _rmtree(work)
             return None
         files.atomic_write(work / MANIFEST, staged.to_json())
+        make_usable_by(work / MANIFEST, owner)
         files.fsync_dir(work)
         _rmtree(a / SET_DIR)
         files.rename(work, a / SET_DIR)

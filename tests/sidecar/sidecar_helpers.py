@@ -385,14 +385,30 @@ _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 class SidecarProcess:
     """``kafka-cleaner sidecar`` as the operator runs it, on a free loopback port."""
 
-    def __init__(self, policy: Path, log_dirs: Iterable[str | Path], *extra: str, log_file: Path) -> None:
+    def __init__(
+        self,
+        policy: Path,
+        log_dirs: Iterable[str | Path],
+        *extra: str,
+        log_file: Path,
+        user: int | None = None,
+        group: int | None = None,
+    ) -> None:
         args = [str(KAFKA_CLEANER), "sidecar", "--policy", str(policy), "--listen", "127.0.0.1:0"]
         for d in log_dirs:
             args += ["--log-dir", str(d)]
         args += ["--broker-name", "kafka-0", *extra]
         self.log_file = log_file
         self._log = open(log_file, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            user=user,
+            group=group,
+            extra_groups=[] if user is not None else None,
+        )
         self.port = self._wait_for_port()
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -454,9 +470,14 @@ class SidecarProcess:
 
 @contextlib.contextmanager
 def sidecar_process(
-    policy: Path, log_dirs: Iterable[str | Path], *extra: str, log_file: Path
+    policy: Path,
+    log_dirs: Iterable[str | Path],
+    *extra: str,
+    log_file: Path,
+    user: int | None = None,
+    group: int | None = None,
 ) -> Iterator[SidecarProcess]:
-    proc = SidecarProcess(policy, log_dirs, *extra, log_file=log_file)
+    proc = SidecarProcess(policy, log_dirs, *extra, log_file=log_file, user=user, group=group)
     try:
         yield proc
     finally:
