@@ -187,6 +187,7 @@ def partition_entry(doc: dict[str, Any], tp: str) -> dict[str, Any] | None:
 
 _LOCK_SCRIPT = r"""
 import fcntl, os, sys
+created = not os.path.lexists(sys.argv[1])
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o666)
 try:
     fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -198,6 +199,8 @@ if sys.argv[2] == "hold":
     sys.stdin.read()
     # Kafka's FileLock.destroy at a clean shutdown: unlock, then delete the file.
     fcntl.lockf(fd, fcntl.LOCK_UN)
+    os.unlink(sys.argv[1])
+elif created:  # a probe leaves the directory as it found it
     os.unlink(sys.argv[1])
 """
 
