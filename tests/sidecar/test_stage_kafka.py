@@ -36,6 +36,7 @@ from cleaner.clock import MockTime
 from cleaner.sidecar import stage
 from cleaner.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleaner.storage.loader import startup_plan_for
+from cleaner.storage.lock import LogDirLock
 
 pytestmark = [
     pytest.mark.slow,
@@ -288,6 +289,20 @@ def test_sigkill_while_staging_and_while_committing(tmp_path: Path, line: str) -
 
 def test_a_broker_start_raced_with_a_commit_the_lock_decides(tmp_path: Path, line: str) -> None:
     broker, work = _start(tmp_path, line)
+    # Each way round, deterministically: the lock the commit takes keeps the real broker
+    # from starting, and the broker's lock keeps the commit out.
+    broker.stop()
+    with LogDirLock(broker.log_dir, remove_created=True):
+        broker.start(wait=False)
+        assert broker.exited(timeout_s=60) is not None, "the broker started while the commit's lock was held"
+        assert "lock" in broker.log_since_start().lower(), broker.log_tail()
+    broker.start()
+    _stage_while_serving(_sidecar(tmp_path, broker), broker, work)
+    out = subprocess.run(
+        [str(KAFKA_CLEANER), "stage", "commit", str(broker.log_dir)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 4 and len(_sets(broker)) == PARTITIONS, (out.stdout, out.stderr)
+    # And raced, at random-ish moments: whoever locks first wins, never both.
     for delay in (0.0, 0.8):
         sc = _sidecar(tmp_path, broker)
         _stage_while_serving(sc, broker, work)
@@ -302,17 +317,18 @@ def test_a_broker_start_raced_with_a_commit_the_lock_decides(tmp_path: Path, lin
         time.sleep(delay)
         broker.start(wait=False)
         out, err = commit.communicate(timeout=120)
-        exited = broker.exited(timeout_s=20) if commit.returncode == 0 else None
         if commit.returncode == 4:  # the broker locked first: nothing was committed
             assert "holds" in err and len(_sets(broker)) == PARTITIONS
             broker.wait_ready()
         else:
             assert commit.returncode == 0, (out, err)
-            if exited is not None:  # the commit held the lock when the broker started
+            assert _sets(broker) == {}
+            try:
+                broker.wait_ready()
+            except AssertionError:  # it started while the commit held the lock, and gave up
+                assert broker.exited(timeout_s=30) is not None
                 assert "lock" in broker.log_since_start().lower(), broker.log_tail()
                 broker.start()
-            else:
-                broker.wait_ready()
         _serves_everything(broker, work, offsets)
     broker.stop()
 
