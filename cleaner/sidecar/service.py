@@ -118,6 +118,10 @@ class SidecarOptions:
     listen: tuple[str, int] = ("0.0.0.0", 9410)
     scan_interval_ms: int | None = None
     """Default: the policy's ``reporting.intervalSeconds``."""
+    gate: bool = True
+    """False (``--no-gate``): a sidecar that does not start before the broker (a regular
+    container, Kubernetes < 1.29) has no gate to run: it opens at once, commits and compacts
+    nothing at start."""
 
 
 @dataclass
@@ -240,6 +244,9 @@ class Sidecar:
 
     def _gate_step(self, now: int) -> None:
         assert self._controller is not None and self.policy is not None
+        if not self.options.gate:
+            self._open_gate(now, {"skipped": "--no-gate: the sidecar does not start before the broker"})
+            return
         if self.gate.state == "pending":
             self.gate.state = "running"
             self.gate.started_at_ms = now

@@ -199,7 +199,7 @@ def test_a_partition_in_two_log_dirs_is_an_error_and_neither_copy_is_touched(tmp
     for _ in range(3):
         doc = next_scan(sc, 2_000)
         finish_pass(sc)
-    assert any(
-        e["partition"] == "topic-0-0" and "more than one log dir" in e["message"] for e in doc["errors"]
-    ), doc["errors"]
+    assert any(e["partition"] == "topic-0-0" and "more than one log dir" in e["message"] for e in doc["errors"]), doc[
+        "errors"
+    ]
     assert {d: snapshot_dir(d) for d in (one, two)} == before

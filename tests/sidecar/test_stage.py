@@ -440,3 +440,20 @@ def test_never_stages_at_or_above_the_high_watermark_or_an_open_transaction(tmp_
     assert sets[str(a)].next_offset <= hw and sets[str(a)].high_watermark == hw
     assert sets[str(b)].next_offset <= lso
     pod.stop_broker()
+
+
+def test_without_a_gate_nothing_is_committed_at_start(tmp_path: Path, make_log_dir) -> None:
+    """``--no-gate``: a sidecar that does not start before the broker commits nothing at its
+    start, even with the lock free."""
+    pod = Pod(tmp_path, make_log_dir)
+    next_scan(pod.sc)
+    sets = pod.stage_all()
+    pod.stop_broker()
+    del pod.sc
+    before = broker_files(pod.data)
+    sc = new_sidecar(pod.policy, [pod.data], pod.clock)
+    sc.options.gate = False
+    sc.tick()
+    doc = status_of(sc)
+    assert doc["gate"]["state"] == "open" and "--no-gate" in doc["gate"]["skipped"]
+    assert broker_files(pod.data) == before and _sets(pod.data) == sets
