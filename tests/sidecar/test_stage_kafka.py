@@ -24,11 +24,13 @@ cases are shown with the simulated broker in ``test_stage.py``.)
 from __future__ import annotations
 
 import random
+import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from faults import StepFaults
 from real_broker import KAFKA_LINES, RealBroker, available, partition_files
 from sidecar_helpers import KAFKA_CLEANER, new_sidecar, next_scan, status_of, write_policy
 
@@ -345,3 +347,44 @@ def test_a_real_topic_config_of_compact_is_refused(tmp_path: Path, line: str) ->
     assert not any(stage.area(p).exists() for p in broker.log_dir.glob(f"{TOPIC}-*"))
     _serves_everything(broker, work)
     broker.stop()
+
+
+def test_a_commit_interrupted_at_random_steps_then_the_real_broker_starts(
+    tmp_path: Path, line: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate's commit dies (an I/O error) at a durable step drawn at random; the real
+    broker then starts on what is left and serves every latest value, with the same
+    offsets. The in-process version of ``test_stage.py`` covers every step."""
+    broker, work = _start(tmp_path, line)
+    sc = _sidecar(tmp_path, broker)
+    _stage_while_serving(sc, broker, work)
+    offsets = broker.offsets(TOPIC, PARTITIONS)
+    broker.stop()
+    backup = tmp_path / "backup"
+    shutil.copytree(broker.log_dir, backup)
+    names = ("rename", "write_file", "atomic_write", "remove", "fsync_dir")
+    counting = StepFaults(None, names=names).install(monkeypatch)
+    _sidecar(tmp_path, broker).tick()
+    monkeypatch.undo()
+    assert counting.calls >= 10 and _sets(broker) == {}
+    for at in sorted(random.Random(line).sample(range(1, counting.calls + 1), 4)):
+        shutil.rmtree(broker.log_dir)
+        shutil.copytree(backup, broker.log_dir)
+        _same_files(broker.log_dir)
+        faults = StepFaults(at, names=names).install(monkeypatch)
+        _sidecar(tmp_path, broker).tick()
+        monkeypatch.undo()
+        broker.start()
+        assert broker.consume(TOPIC, PARTITIONS) == work.latest, f"killed at step {at}: {faults.log[at - 1]}"
+        assert broker.offsets(TOPIC, PARTITIONS) == offsets
+        assert broker.problems([TOPIC]) == [], broker.problems([TOPIC])
+        broker.stop()
+
+
+def _same_files(log_dir: Path) -> None:
+    """A copy holds the same bytes and mtimes in new inodes: tell its sets so."""
+    for pdir in sorted(log_dir.glob(f"{TOPIC}-*")):
+        s = stage.load(pdir)
+        if s is not None:
+            s.sources = [stage.SourceFile.of(pdir / src.name) for src in s.sources]
+            (stage.set_dir(pdir) / stage.MANIFEST).write_bytes(s.to_json())
