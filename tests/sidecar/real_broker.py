@@ -95,6 +95,7 @@ class RealBroker:
             "log.cleaner.enable": str(cleaner_enable).lower(),
             "log.cleaner.backoff.ms": "500",
             "log.retention.check.interval.ms": "500",
+            "log.initial.task.delay.ms": "500",
             "log.flush.offset.checkpoint.interval.ms": "500",
             "log.flush.start.offset.checkpoint.interval.ms": "500",
             "replica.high.watermark.checkpoint.interval.ms": "500",
