@@ -25,6 +25,8 @@ class PolicyWatcher:
         self.error: str | None = None
         self._digest: bytes | None = None
         self._loaded = 0
+        self.missing = False
+        """The file is gone (the policy was deleted): the sidecar stops acting on it."""
 
     def poll(self) -> Policy | None:
         """The new policy if the file changed and parses; None otherwise (a bad or missing
@@ -33,7 +35,11 @@ class PolicyWatcher:
             data = self.path.read_bytes()
         except OSError as e:
             self.error = f"{self.path}: {e.strerror or e}"
+            self.missing = isinstance(e, FileNotFoundError)
+            if self.missing:
+                self._digest = None  # the same policy coming back is a new load
             return None
+        self.missing = False
         digest = hashlib.sha256(data).digest()
         if digest == self._digest:
             return None

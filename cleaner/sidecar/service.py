@@ -179,6 +179,7 @@ class Sidecar:
         self.gate = _Gate()
         self.duplicates: dict[TopicPartition, list[Path]] = {}
         self._gate_deadline_ns = 0
+        self._policy_gone = False
         self.ready = False
         self.stopping = threading.Event()
         self._lock = threading.RLock()
@@ -227,6 +228,8 @@ class Sidecar:
             try:
                 if not self.gate.open:
                     self._gate_step(now)
+                elif self._policy_gone:
+                    self.state.state = "idle"
                 elif self.policy.paused:
                     self.state.state = "paused"
                     self._controller.pause(now)
@@ -278,9 +281,17 @@ class Sidecar:
         new = self.watcher.poll()
         if self.watcher.error:
             self._error(None, None, f"policy: {self.watcher.error}", dedupe=True)
+        if self.watcher.missing and not self._policy_gone and self._controller is not None:
+            # A deleted policy: its work stops, and stage mode's sets go (never committed).
+            self._policy_gone = True
+            log.warning("the policy file is gone: the %s mode's work stops", self.policy.mode if self.policy else "-")
+            self._controller.policy_gone()
         if new is None:
             return
         old = self.policy
+        if self._policy_gone:
+            self._policy_gone = False
+            old = None  # back: start the mode afresh
         self.policy = new
         self._observer = None
         log.info("policy loaded (generation %s, mode %s)", new.policy_generation, new.mode)
@@ -615,6 +626,10 @@ class _Controller:
 
     def pause(self, now: int) -> None:
         """``spec.paused``: no cleaning, but whatever safety needs goes on."""
+
+    def policy_gone(self) -> None:
+        """The policy file was deleted: stop, and leave nothing behind."""
+        self.stop(leaving_mode=True)
 
     def reconfigure(self, policy: Policy, *, cleaner_changed: bool) -> None:
         pass
@@ -1058,9 +1073,12 @@ class _StageController(_Controller):
         sc = self.sidecar
         try:
             if leaving_mode:
+                why = "the policy file is gone" if sc._policy_gone else "the policy left stage mode"
                 for d in sc.log_dirs:
                     for tp, pdir in stage.staged_partitions(d).items():
-                        self._delete((d, tp), pdir, "the policy left stage mode")
+                        self._delete((d, tp), pdir, why)
+            elif sc._policy_gone:
+                pass  # a deleted policy's sets are gone, and nothing is committed
             elif sc.policy is not None and sc.log_dirs and sc.gate.open and not sc.policy.paused:
                 deadline = sc.time.nanoseconds() + self.gate_seconds() * 1_000_000_000
                 self.commit(deadline, "termination")

@@ -457,3 +457,34 @@ def test_without_a_gate_nothing_is_committed_at_start(tmp_path: Path, make_log_d
     doc = status_of(sc)
     assert doc["gate"]["state"] == "open" and "--no-gate" in doc["gate"]["skipped"]
     assert broker_files(pod.data) == before and _sets(pod.data) == sets
+
+
+def test_a_deleted_policy_deletes_the_sets_and_commits_nothing(tmp_path: Path, make_log_dir) -> None:
+    """The policy's file disappears (the policy and its ConfigMap were deleted): the sets
+    go at once, and the pod's termination commits nothing."""
+    pod = Pod(tmp_path, make_log_dir)
+    next_scan(pod.sc)
+    pod.stage_all()
+    pod.policy.unlink()
+    doc = next_scan(pod.sc, 60_000)
+    assert _sets(pod.data) == {}
+    assert any("the policy file is gone" in e["message"] for e in doc["errors"]), doc["errors"]
+    pod.stop_broker()
+    before = broker_files(pod.data)
+    pod.sc.stop()
+    assert broker_files(pod.data) == before
+    assert views(pod.data) == views(pod.twin)
+
+
+def test_a_policy_file_that_goes_and_comes_back_resumes_staging(tmp_path: Path, make_log_dir) -> None:
+    pod = Pod(tmp_path, make_log_dir)
+    next_scan(pod.sc)
+    pod.stage_all()
+    text = pod.policy.read_text()
+    pod.policy.unlink()
+    next_scan(pod.sc, 60_000)
+    assert _sets(pod.data) == {} and status_of(pod.sc)["cleaner"]["state"] == "idle"
+    pod.policy.write_text(text)
+    next_scan(pod.sc, 60_000)
+    pod.stage_all()
+    pod.stop_broker()

@@ -107,12 +107,12 @@ def _assert_invisible(broker: RealBroker) -> None:
 
 def _stage_while_serving(sc, broker: RealBroker, work: Workload) -> dict[str, stage.StagedSet]:
     """Tick (producing between ticks) until every partition has a set."""
-    for _ in range(12):
+    for _ in range(15):
         next_scan(sc)
         _assert_invisible(broker)
         if len(_sets(broker)) == PARTITIONS:
             return _sets(broker)
-        work.produce(300)
+        work.produce(600)  # a segment of each partition rolls every few turns
     raise AssertionError(f"not every partition was staged: {status_of(sc).get('stage')}")
 
 
