@@ -168,3 +168,18 @@ def test_a_pattern_that_matches_nothing_yet(tmp_path: Path, make_log_dir, caplog
     assert sc.ready
     assert [d["path"] for d in doc["logDirs"]] == [str(created)] and doc["logDirs"][0]["partitions"] == 1
     assert len(doc["partitions"]) == 1
+
+
+def test_a_wildcard_matches_only_kafka_log_dirs(tmp_path: Path, make_log_dir) -> None:
+    """``kafka-log*`` next to a backup and a non-Kafka tree of ``name-N`` directories: only
+    the log dir is scanned, and nothing is written anywhere else."""
+    log_dir = make_log_dir("kafka-log0", topics=1, partitions=1)
+    lookalike = tmp_path / "kafka-logs-not-kafka"
+    (lookalike / "dbus-1").mkdir(parents=True)
+    (lookalike / "polkit-1").mkdir()
+    before = snapshot_dir(lookalike)
+    sc = new_sidecar(write_policy(tmp_path / "policy.yaml"), [str(tmp_path / "kafka-log*")])
+    sc.tick()
+    doc = status_of(sc)
+    assert [d["path"] for d in doc["logDirs"]] == [str(log_dir)]
+    assert snapshot_dir(lookalike) == before and sorted(p.name for p in lookalike.iterdir()) == ["dbus-1", "polkit-1"]

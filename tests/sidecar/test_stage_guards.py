@@ -5,6 +5,7 @@ first)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -21,8 +22,15 @@ from sidecar_helpers import (
     write_policy,
 )
 
+from cleaner.clock import MockTime
+from cleaner.config import parse_policy
+from cleaner.effective_config import effective_rule
+from cleaner.engine.manager import LogCleanerManager
 from cleaner.sidecar import stage
+from cleaner.sidecar.guards import stage_refusal
 from cleaner.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, OffsetCheckpointFile
+from cleaner.storage.cluster_metadata import ConfigValue
+from cleaner.storage.log_dir import LogDirectory
 from cleaner.storage.topic_partition import TopicPartition
 
 ALL = [{"match": ".*", "cleanupPolicy": "compact"}]
@@ -250,3 +258,18 @@ def test_the_stage_cli_commits_discards_and_reports(tmp_path: Path, make_log_dir
     out = cli("commit", str(not_a_log_dir))
     assert out.returncode == 2 and "not a Kafka log dir" in out.stderr
     assert sorted(os.listdir(not_a_log_dir)) == ["dbus-1"]
+
+
+def test_a_remote_storage_topic_is_refused(tmp_path: Path, make_log_dir) -> None:
+    """``remote.storage.enable=true`` in the cluster's config (what the KRaft metadata reader
+    reports as ``remote_storage``) is a tiered log."""
+    data = make_log_dir(**{**GENERATED, "partitions": 1})
+    policy = parse_policy({"mode": "stage", "topics": ALL})
+    manager = LogCleanerManager([LogDirectory(data, read_only=True)], policy, MockTime(), write_checkpoints=False)
+    managed = next(iter(manager.logs().values()))
+    managed = dataclasses.replace(
+        managed,
+        config=effective_rule(managed.rule, {"remote.storage.enable": ConfigValue("true", "topic")}),
+    )
+    why = stage_refusal(managed, cleaner_checkpoint={}, log_start_checkpoint={})
+    assert why is not None and "remote.storage.enable" in why
