@@ -554,16 +554,20 @@ def commit_log_dir(log_dir: Path, time: Time, deadline_ns: int) -> CommitReport:
     return report
 
 
-def free_ratio(path: Path) -> float:
+def _disk(path: Path) -> tuple[int, int]:
+    """(bytes free for unprivileged writers, total bytes) of the file system of ``path``."""
     st = os.statvfs(path)
-    total = st.f_blocks * st.f_frsize
-    return st.f_bavail * st.f_frsize / total if total else 0.0
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def free_ratio(path: Path) -> float:
+    free, total = _disk(path)
+    return free / total if total else 0.0
 
 
 def free_disk_allows(path: Path, needed_bytes: int, min_free_ratio: float) -> bool:
-    st = os.statvfs(path)
-    total = st.f_blocks * st.f_frsize
-    free = st.f_bavail * st.f_frsize
+    """Whether writing ``needed_bytes`` more keeps free space at or above the ratio."""
+    free, total = _disk(path)
     return total > 0 and (free - needed_bytes) / total >= min_free_ratio
 
 
