@@ -15,6 +15,7 @@ from cleaner.demo import demo_command
 from cleaner.dump import dump
 from cleaner.generate import generate_command
 from cleaner.sidecar.command import sidecar_command
+from cleaner.sidecar.stage_cli import stage_group
 from cleaner.spark.cli import spark_group
 
 
@@ -31,6 +32,7 @@ main.add_command(run_command)
 main.add_command(status_command)
 main.add_command(demo_command)
 main.add_command(sidecar_command)
+main.add_command(stage_group)
 main.add_command(spark_group)
 
 

@@ -23,10 +23,11 @@ from rich.table import Table
 
 from cleaner import cleaning
 from cleaner.clock import SYSTEM_TIME, FixedTime, Time
-from cleaner.config import Policy, load_policy
+from cleaner.config import Mode, Policy, load_policy
 from cleaner.engine.log_cleaner import LogCleaner
 from cleaner.engine.manager import LogCleanerManager
 from cleaner.errors import KafkaCleanerError, LogDirLockedError, PolicyError
+from cleaner.sidecar.guards import refusal_lines
 from cleaner.storage.log_dir import LogDirectory
 
 EXIT_OK, EXIT_USAGE, EXIT_UNCLEANABLE, EXIT_LOCKED = 0, 2, 3, 4
@@ -272,3 +273,6 @@ def status_command(data_dir: tuple[Path, ...], policy_path: Path, now_ms: int | 
             f"{age / 1000:.0f}" if age is not None else "-",
         )
     Console().print(table)
+    if policy.mode is Mode.STAGE:  # what stage mode does with each partition, refusals with their reason
+        for line in refusal_lines([Path(d) for d in data_dir], policy):
+            click.echo(f"stage: {line}")

@@ -53,6 +53,7 @@ from typing import Any, TypeVar
 import yaml
 
 from cleaner.errors import PolicyError
+from cleaner.windows import CRON_PATTERN, CronError, parse_cron
 
 __all__ = [
     "API_GROUP",
@@ -62,6 +63,7 @@ __all__ = [
     "Capabilities",
     "CleanerConfig",
     "CleanupPolicy",
+    "CompactConfig",
     "FieldSpec",
     "FrozenMap",
     "Injection",
@@ -735,10 +737,45 @@ class CleanerConfig(_Model):
 
 @dataclass(frozen=True, kw_only=True)
 class StageConfig(_Model):
-    """Settings of ``mode: stage`` (the sidecar issue gives the mode its meaning)."""
+    """Settings of ``mode: stage``: sets staged next to the live broker, committed only
+    while the broker is stopped (the pod's start-up gate, the pod's termination)."""
 
-    #: Staging stops while free disk space would drop below this share of the volume.
+    #: Staging stops while free disk space would drop below this share of the volume, and
+    #: when free space falls below it the largest staged sets are deleted first.
     min_free_disk_ratio: float = _field("minFreeDiskRatio", _Float(0.0, 1.0), 0.2)
+    #: The longest a commit may hold the broker back (the start-up gate) or the pod's
+    #: termination; sets not reached by then stay staged. 0: never commit.
+    max_commit_seconds: int = _field("maxCommitSeconds", _Int(0, 3600, format="int32"), 60)
+
+
+@dataclass(frozen=True)
+class _CronKind(_Str):
+    """A maintenance window: a Quartz cron expression (``cleaner.windows``)."""
+
+    pattern: str | None = CRON_PATTERN
+    what: str | None = "a Quartz cron expression of 6 or 7 fields (as Strimzi's maintenanceTimeWindows)"
+    max_length: int | None = 256
+
+    def parse(self, value: object, path: str) -> str:
+        text = super().parse(value, path)
+        try:
+            parse_cron(text)
+        except CronError as exc:
+            raise PolicyError(path, f"is not a supported cron expression ({exc}): {text!r}") from None
+        return text
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompactConfig(_Model):
+    """Settings of ``mode: compact`` in a pod, where the broker normally runs: the sidecar
+    holds a log dir's ``.lock`` only in the start-up gate (before the broker starts) and
+    inside a maintenance window."""
+
+    #: When the sidecar may take a free ``.lock`` after the gate (UTC). Empty: never.
+    windows: tuple[str, ...] = _field("windows", _List(_CronKind(), max_items=16), ())
+    #: The longest the start-up gate compacts before the broker may start. 0: the gate
+    #: does not compact.
+    max_gate_seconds: int = _field("maxGateSeconds", _Int(0, 3600, format="int32"), 60)
 
 
 # --------------------------------------------------------------------------------------------
@@ -938,6 +975,7 @@ class Policy(_Model):
     topics: tuple[TopicRule, ...] = _field("topics", _List(_Obj(TopicRule), max_items=256), ())
     cleaner: CleanerConfig = _field("cleaner", _Obj(CleanerConfig), CleanerConfig())
     stage: StageConfig = _field("stage", _Obj(StageConfig), StageConfig())
+    compact: CompactConfig = _field("compact", _Obj(CompactConfig), CompactConfig())
     target: Target | None = _field("target", _Obj(Target), None)
     sidecar: SidecarConfig = _field("sidecar", _Obj(SidecarConfig), SidecarConfig())
     reporting: ReportingConfig = _field("reporting", _Obj(ReportingConfig), ReportingConfig())

@@ -75,6 +75,9 @@ class EffectiveRule:
     """Whether a metadata log was read at all (False: the policy's values stand)."""
     remote_storage: bool = False
     """``remote.storage.enable=true``: a tiered log (stage mode refuses it)."""
+    cluster_compacts: bool = False
+    """The cluster's own ``cleanup.policy`` includes ``compact``: the broker's cleaner
+    compacts the topic (stage mode refuses it)."""
     notes: tuple[str, ...] = ()
     """Where the policy asked for something the cluster overrode, one line each."""
 
@@ -121,5 +124,7 @@ def effective_rule(rule: TopicRule, cluster: Mapping[str, ConfigValue] | None) -
     if min_lag > rule.max_compaction_lag_ms:
         changes["max_compaction_lag_ms"] = min_lag
     remote = bool(cluster and cluster.get("remote.storage.enable", ConfigValue("false", "")).value.lower() == "true")
+    policy_value = cluster.get("cleanup.policy") if cluster else None
+    compacts = policy_value is not None and "compact" in policy_value.value.lower()
     merged_rule = dataclasses.replace(rule, **changes) if changes else rule
-    return EffectiveRule(merged_rule, sources, cluster is not None, remote, tuple(notes))
+    return EffectiveRule(merged_rule, sources, cluster is not None, remote, compacts, tuple(notes))

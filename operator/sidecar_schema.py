@@ -45,7 +45,10 @@ SCHEMA: dict[str, Any] = {
         "mode": {"enum": ["observe", "compact", "stage"], "description": "spec.mode of the loaded policy."},
         "policyGeneration": {
             "type": ["integer", "null"], "minimum": 0,
-            "description": "metadata.generation of the loaded policy file; null for a bare spec.",
+            "description": (
+                "metadata.generation of the loaded policy file; for a file without one, a counter of the "
+                "distinct contents the sidecar loaded (1, 2, ...); null before a policy is loaded."
+            ),
         },
         "scannedAt": _RFC3339_OR_NULL | {"description": "End of the last completed scan; null before the first."},
         "logDirs": {
@@ -75,7 +78,17 @@ SCHEMA: dict[str, Any] = {
                 "maxCompactionDelaySeconds": _SECONDS,
                 "bytesReclaimedTotal": _BYTES,
                 "stagedBytes": _BYTES,
-                "state": {"enum": ["observing", "cleaning", "waitingForBroker", "paused", "error"]},
+                "state": {
+                    "enum": ["starting", "observing", "idle", "cleaning", "waitingForBroker", "staging",
+                             "committing", "paused", "error"],
+                    "description": (
+                        "starting: before the policy and the start-up gate; observing: observe mode; idle: "
+                        "compact or stage mode with nothing to do now (compact: outside its gate and windows); "
+                        "cleaning: a compact pass holds .lock; waitingForBroker: in a window, the broker holds "
+                        ".lock; staging: a stage round runs; committing: staged sets are committed (gate, "
+                        "termination)."
+                    ),
+                },
             },
         },
         "topics": {
@@ -116,6 +129,49 @@ SCHEMA: dict[str, Any] = {
                     "uncleanableReason": {"type": ["string", "null"]},
                 },
             },
+        },
+        "gate": {
+            "type": "object",
+            "description": (
+                "The start-up gate (the sidecar's startupProbe, GET /startupz, holds the broker until it is "
+                "open): stage commits its sets, compact runs one bounded pass, observe does nothing."
+            ),
+            "required": ["state"],
+            "properties": {
+                "state": {"enum": ["pending", "running", "open"]},
+                "startedAt": _RFC3339_OR_NULL,
+                "openedAt": _RFC3339_OR_NULL,
+            },
+        },
+        "stage": {
+            "type": "object",
+            "description": "Stage mode: the staged sets, the refused partitions and the last commit.",
+            "required": ["sets", "stagedSets", "refusedPartitions", "refused", "lastCommit"],
+            "properties": {
+                "sets": _COUNT,
+                "stagedSets": {"type": "array", "maxItems": 50, "items": {"type": "object"}},
+                "refusedPartitions": _COUNT,
+                "refused": {
+                    "type": "array",
+                    "maxItems": 50,
+                    "items": {
+                        "type": "object",
+                        "required": ["topic", "partition", "logDir", "reason"],
+                        "properties": {
+                            "topic": {"type": "string"},
+                            "partition": _COUNT,
+                            "logDir": {"type": "string"},
+                            "reason": {"type": "string"},
+                        },
+                    },
+                },
+                "lastCommit": {"type": "array", "items": {"type": "object"}},
+            },
+        },
+        "compact": {
+            "type": "object",
+            "description": "Compact mode: the maintenance windows and whether now is inside one.",
+            "properties": {"windows": {"type": "array", "items": {"type": "string"}}, "inWindow": {"type": "boolean"}},
         },
         "errors": {
             "type": "array",

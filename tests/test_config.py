@@ -202,7 +202,7 @@ BAD = [
     ({"mode": "Observe"}, "spec.mode", "must be one of observe, compact, stage, got 'Observe'"),
     ({"mode": 1}, "spec.mode", "must be a string, got integer 1"),
     ({"modes": "observe"}, "spec.modes", "unknown field 'modes' (did you mean 'mode'?"),
-    ({"foo": 1}, "spec.foo", "unknown field 'foo' (allowed: mode, topics, cleaner, stage, target"),
+    ({"foo": 1}, "spec.foo", "unknown field 'foo' (allowed: mode, topics, cleaner, stage, compact, target"),
     ({"topics": {"match": "x"}}, "spec.topics", "must be a list, got a mapping"),
     ({"topics": ["x"]}, "spec.topics[0]", "must be a mapping, got string 'x'"),
     ({"topics": [{}]}, "spec.topics[0].match", "is required"),
@@ -519,7 +519,7 @@ def test_to_spec_dict_fills_defaults_and_leaves_out_unset_optionals() -> None:
     assert written["cleaner"]["dedupeBufferSize"] == 134217728
     assert "maxIoBytesPerSecond" not in written["cleaner"]
     assert "target" not in written and "image" not in written["sidecar"]
-    assert set(written) == {"mode", "topics", "cleaner", "stage", "sidecar", "reporting", "paused"}
+    assert set(written) == {"mode", "topics", "cleaner", "stage", "compact", "sidecar", "reporting", "paused"}
     # Plain YAML types only (the operator writes this into a ConfigMap).
     assert yaml.safe_load(yaml.safe_dump(written)) == written
 

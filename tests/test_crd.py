@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from cleaner import config
 from cleaner.config import API_GROUP, KIND, Policy, parse_policy, spec_fields
 from cleaner.errors import PolicyError
+from cleaner.windows import CRON_PATTERN
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CRD = yaml.safe_load((REPO / "crds" / "compactionpolicy.yaml").read_text())
@@ -564,11 +565,12 @@ def test_cel_rules_are_bounded_for_the_cost_estimator() -> None:
                 assert "maxProperties" in sub, sub_path
 
 
-def test_the_python_only_check_is_the_regex() -> None:
-    """The API server cannot compile Python regexes: the one place where the verdicts differ."""
-    spec = {"topics": [{"match": "("}]}
-    assert admit(spec) == []
-    assert python_error(spec) is not None
+def test_the_python_only_checks_are_the_regex_and_the_cron_semantics() -> None:
+    """The API server cannot compile Python regexes nor parse cron expressions (it checks
+    their shape): the places where the verdicts differ."""
+    for spec in ({"topics": [{"match": "("}]}, {"compact": {"windows": ["* * 25 ? * *"]}}):
+        assert admit(spec) == []
+        assert python_error(spec) is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -676,6 +678,9 @@ PATTERN_EXAMPLES: dict[str, list[str]] = {
     config.CLEANUP_POLICY_PATTERN: ["compact", "delete", "compact,delete", "Delete, COMPACT", "compact,compact",
                                     "nope", "compact;delete", "", "compact,delete,compact"],
     "^/.+$": ["/bitnami/kafka", "/", "relative", "/x"],
+    # Only expressions both accept or both reject: the cron semantics are Python-only.
+    CRON_PATTERN: ["* * 0-1 ? * SUN,MON,TUE,WED,THU,FRI,SAT", "0 0/15 * ? * MON-FRI", "0 0 2 1 * ? 2030",
+                   "x", "* * * ? *", "* * * ? * * * *", "* * 0-1 ? * MON;TUE", ""],
 }
 STRING_EXAMPLES: dict[str, list[str]] = {
     "spec.topics[].match": ["orders-.*", "a|ab", ".*", "__consumer_offsets", ""],

@@ -171,13 +171,18 @@ class Cleaner:
         self.check_done = check_done
 
     # -- the round --------------------------------------------------------------------------
-    def clean(self, ltc: LogToClean, commit: Commit | None = None) -> tuple[int, CleanerStats]:
-        return self.do_clean(ltc, self.time.milliseconds(), commit)
+    def clean(
+        self, ltc: LogToClean, commit: Commit | None = None, *, cleaned_dir: Path | None = None
+    ) -> tuple[int, CleanerStats]:
+        return self.do_clean(ltc, self.time.milliseconds(), commit, cleaned_dir=cleaned_dir)
 
-    def do_clean(self, ltc: LogToClean, now: int, commit: Commit | None = None) -> tuple[int, CleanerStats]:
+    def do_clean(
+        self, ltc: LogToClean, now: int, commit: Commit | None = None, *, cleaned_dir: Path | None = None
+    ) -> tuple[int, CleanerStats]:
         """One round. ``commit(cleaned, group, generation)`` puts each group's cleaned
         segment in place; by default the log's crash-safe swap (the sidecar's stage mode
-        instead leaves the cleaned segments for the broker's next start)."""
+        instead keeps the cleaned segments, written into ``cleaned_dir``, a directory the
+        broker never reads, for a commit while the broker is stopped)."""
         the_log = ltc.log
         stats = CleanerStats(self.time)
         if ltc.first_dirty_offset >= ltc.first_uncleanable_offset:
@@ -192,7 +197,9 @@ class Cleaner:
             self.build_offset_map(ltc, stats)
             end_offset = self.offset_map.latest_offset + 1
             stats.index_done()
-            rnd = Round(ltc, now, end_offset, legacy_delete_horizon_ms, generation, self.offset_map, stats, commit)
+            rnd = Round(
+                ltc, now, end_offset, legacy_delete_horizon_ms, generation, self.offset_map, stats, commit, cleaned_dir
+            )
             transactions = CleanedTransactionMetadata()
             for group in plan_groups(ltc, end_offset):
                 self.clean_segments(rnd, group, transactions)

@@ -41,6 +41,13 @@ def parse_listen(value: str) -> tuple[str, int]:
 @click.option("--broker-name", default=None, help="Reported in /status (default: the host name).")
 @click.option("--now-ms", type=int, default=None, help="Fix the clock (epoch ms).")
 @click.option(
+    "--gate/--no-gate",
+    default=True,
+    show_default=True,
+    help="Run the start-up gate (stage: commit, compact: one bounded pass) before anything else; "
+    "--no-gate where the sidecar does not start before the broker (not a native sidecar).",
+)
+@click.option(
     "--scan-interval-ms",
     type=click.IntRange(min=1),
     default=None,
@@ -53,10 +60,12 @@ def sidecar_command(
     listen: str,
     broker_name: str | None,
     now_ms: int | None,
+    gate: bool,
     scan_interval_ms: int | None,
 ) -> None:
     """Run next to a Kafka broker: observe, compact or stage (the policy's mode), and serve
-    /healthz, /readyz, /metrics and /status. SIGTERM stops it within seconds."""
+    /healthz, /startupz, /readyz, /metrics and /status. SIGTERM stops it within seconds (in
+    stage mode after committing, if the broker has exited)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = SidecarOptions(
         policy_path=policy_path,
@@ -64,6 +73,7 @@ def sidecar_command(
         broker_name=broker_name or socket.gethostname(),
         listen=parse_listen(listen),
         scan_interval_ms=scan_interval_ms,
+        gate=gate,
     )
     sidecar = Sidecar(options, FixedTime(now_ms) if now_ms is not None else SYSTEM_TIME)
     host, port = sidecar.serve()

@@ -154,7 +154,7 @@ class _LogCollector(Collector):
             "topic_cleanable_bytes": ("Bytes the cleaner may clean now", "cleanable_bytes"),
             "topic_clean_bytes": ("Bytes already cleaned", "clean_bytes"),
             "topic_tombstones": ("Tombstones on disk", "tombstones"),
-            "topic_staged_bytes": ("Bytes of staged .swap sets awaiting the broker's restart", "staged_bytes"),
+            "topic_staged_bytes": ("Staged bytes awaiting a commit (start-up gate, termination)", "staged_bytes"),
         }
         families = {
             name: GaugeMetricFamily(PREFIX + name, doc, labels=["topic"]) for name, (doc, _) in per_topic.items()

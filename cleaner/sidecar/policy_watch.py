@@ -2,10 +2,15 @@
 
 The operator mounts the policy from a ConfigMap *directory*: the kubelet swaps the whole
 directory through a ``..data`` symlink, so the file's inode and mtime are no reliable
-signal. The content is: it is read and hashed on every poll (a few KiB)."""
+signal. The content is: it is read and hashed on every poll (a few KiB).
+
+A policy file without ``metadata.generation`` (a local file, a bare spec) gets one from a
+counter of the distinct contents loaded, so ``policyGeneration`` always says which
+version a report reflects."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -19,6 +24,9 @@ class PolicyWatcher:
         self.policy: Policy | None = None
         self.error: str | None = None
         self._digest: bytes | None = None
+        self._loaded = 0
+        self.missing = False
+        """The file is gone (the policy was deleted): the sidecar stops acting on it."""
 
     def poll(self) -> Policy | None:
         """The new policy if the file changed and parses; None otherwise (a bad or missing
@@ -27,7 +35,11 @@ class PolicyWatcher:
             data = self.path.read_bytes()
         except OSError as e:
             self.error = f"{self.path}: {e.strerror or e}"
+            self.missing = isinstance(e, FileNotFoundError)
+            if self.missing:
+                self._digest = None  # the same policy coming back is a new load
             return None
+        self.missing = False
         digest = hashlib.sha256(data).digest()
         if digest == self._digest:
             return None
@@ -38,5 +50,8 @@ class PolicyWatcher:
             self.error = str(e)
             return None
         self.error = None
+        self._loaded += 1
+        if policy.policy_generation is None:
+            policy = dataclasses.replace(policy, policy_generation=self._loaded)
         self.policy = policy
         return policy

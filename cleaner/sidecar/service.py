@@ -1,13 +1,31 @@
 """The sidecar service: one loop that reloads the policy, expands the log dirs, runs the
 mode's work and scans; plus the HTTP endpoints.
 
+**The start-up gate.** In a pod the native sidecar starts before the broker. Whatever the
+mode, it takes no lock and changes no file before its gate has run, and the gate is the
+only moment (with the pod's termination) at which it acts on a stopped broker's files:
+
+- ``stage``: the fenced commit of every staged set (``stage.commit_log_dir``), bounded by
+  ``stage.maxCommitSeconds``;
+- ``compact``: one pass of the cleaner over the log dirs whose ``.lock`` it can take,
+  bounded by ``compact.maxGateSeconds`` (an unfinished clean aborts, as Kafka's would);
+- ``observe``: nothing.
+
+``/startupz`` answers 200 once the gate is open (503 before): the sidecar container's
+startupProbe, which holds the broker container until then. A broker restarted in place
+(the sidecar keeps running) meets no gate, and nothing is committed or compacted for it.
+
+The modes after the gate:
+
 - ``observe``: read only. Scans reuse everything that did not change: a closed segment
   whose file is unchanged is not read again; the active segment is read from where the
   previous scan stopped. Scans are throttled by ``maxIoBytesPerSecond``.
 - ``compact``: the engine's ``LogCleaner`` over the log dirs whose ``.lock`` it can take,
-  holding the locks only while a pass runs, so that a broker starting up finds them free
-  between passes. While a broker holds a lock the state is ``waitingForBroker``.
-- ``stage``: see ``cleaner.sidecar.stage``.
+  only inside a maintenance window (``compact.windows``), holding the locks only while a
+  pass runs. While a broker holds a lock the state is ``waitingForBroker``.
+- ``stage``: stages next to the live broker where it never looks (``cleaner.sidecar.stage``),
+  refuses what the guards refuse (``cleaner.sidecar.guards``), and commits at SIGTERM when
+  the broker has exited (the pod's termination: native sidecars stop after the broker).
 
 Every ``tick`` is driven by the injected clock, so tests run hours of scans in
 milliseconds with a ``MockTime``.
@@ -43,10 +61,12 @@ from cleaner.errors import KafkaCleanerError, LogDirLockedError, ThreadShutdownE
 from cleaner.storage.lock import LogDirLock
 from cleaner.storage.log_dir import LogDirectory
 from cleaner.storage.topic_partition import TopicPartition
+from cleaner.windows import in_window
 
 from . import stage
 from .facts import ScanFactsCache
-from .logdirs import expand_log_dirs
+from .guards import refusals
+from .logdirs import duplicate_partitions, expand_log_dirs
 from .metrics import CleanerGauges, SidecarMetrics
 from .policy_watch import PolicyWatcher
 from .report import LogDirInfo, ScanSnapshot, build_status, rfc3339
@@ -98,6 +118,10 @@ class SidecarOptions:
     listen: tuple[str, int] = ("0.0.0.0", 9410)
     scan_interval_ms: int | None = None
     """Default: the policy's ``reporting.intervalSeconds``."""
+    gate: bool = True
+    """False (``--no-gate``): a sidecar that does not start before the broker (a regular
+    container, Kubernetes < 1.29) has no gate to run: it opens at once, commits and compacts
+    nothing at start."""
 
 
 @dataclass
@@ -113,10 +137,32 @@ class _Error:
 
 @dataclass
 class _State:
-    state: str = "observing"
+    state: str = "starting"
     last_run_ms: int | None = None
     bytes_reclaimed: int = 0
     last_cleaned_at: dict[TopicPartition, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Gate:
+    """The start-up gate: ``pending`` -> ``running`` -> ``open`` (see the module docstring)."""
+
+    state: str = "pending"
+    started_at_ms: int | None = None
+    opened_at_ms: int | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def open(self) -> bool:
+        return self.state == "open"
+
+    def as_status(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "startedAt": rfc3339(self.started_at_ms),
+            "openedAt": rfc3339(self.opened_at_ms),
+            **self.result,
+        }
 
 
 class Sidecar:
@@ -130,6 +176,10 @@ class Sidecar:
         self.errors: deque[_Error] = deque(maxlen=20)
         self.snapshot: ScanSnapshot | None = None
         self.state = _State()
+        self.gate = _Gate()
+        self.duplicates: dict[TopicPartition, list[Path]] = {}
+        self._gate_deadline_ns = 0
+        self._policy_gone = False
         self.ready = False
         self.stopping = threading.Event()
         self._lock = threading.RLock()
@@ -148,22 +198,39 @@ class Sidecar:
 
     # -- the loop --------------------------------------------------------------------------
     def tick(self) -> None:
-        """One turn of the loop: policy, log dirs, the mode's work, and a scan when due."""
+        """One turn of the loop: policy, log dirs, the gate or the mode's work, and a scan
+        when due."""
         now = self.time.milliseconds()
         if now >= self._next_policy_poll_ms or self.policy is None:
             self._next_policy_poll_ms = now + POLICY_POLL_MS
             self._poll_policy()
         if self.policy is None:
+            if not self.gate.open and self.watcher.error is not None:
+                # Nothing to commit without a policy: never hold the broker back for it.
+                self._open_gate(now, {"skipped": f"no policy: {self.watcher.error}"})
             return
         dirs, missing = expand_log_dirs(self.options.log_dir_patterns)
         for pattern in missing:
-            self._error(None, None, f"log dir {pattern} does not exist (yet)", dedupe=True)
+            self._error(None, None, f"--log-dir {pattern} matches no Kafka log dir (yet)", dedupe=True)
         if dirs != self.log_dirs:
             self.log_dirs = dirs
             self._observer = None
+        self.duplicates = duplicate_partitions(dirs)
+        for tp, where in self.duplicates.items():
+            self._error(
+                None,
+                str(tp),
+                f"{tp} is in more than one log dir ({', '.join(map(str, where))}): Kafka refuses to start on this; "
+                "neither copy is touched",
+                dedupe=True,
+            )
         if self._controller is not None:
             try:
-                if self.policy.paused:
+                if not self.gate.open:
+                    self._gate_step(now)
+                elif self._policy_gone:
+                    self.state.state = "idle"
+                elif self.policy.paused:
                     self.state.state = "paused"
                     self._controller.pause(now)
                 else:
@@ -172,9 +239,37 @@ class Sidecar:
                 log.exception("mode %s failed", self.policy.mode)
                 self._error(None, None, f"{self.policy.mode} mode: {type(e).__name__}: {e}")
                 self.state.state = "error"
+                if not self.gate.open:
+                    self._open_gate(now, {"error": f"{type(e).__name__}: {e}"})
         if now >= self._next_scan_ms:
             self._next_scan_ms = now + self._scan_interval_ms()
             self.scan()
+
+    def _gate_step(self, now: int) -> None:
+        assert self._controller is not None and self.policy is not None
+        if not self.options.gate:
+            self._open_gate(now, {"skipped": "--no-gate: the sidecar does not start before the broker"})
+            return
+        if self.gate.state == "pending":
+            self.gate.state = "running"
+            self.gate.started_at_ms = now
+            self._gate_deadline_ns = self.time.nanoseconds() + self._controller.gate_seconds() * 1_000_000_000
+        if self.policy.paused:
+            self._controller.pause(now)
+            self.state.state = "paused"
+            self._open_gate(now, {"skipped": "the policy is paused"})
+            return
+        result = self._controller.gate_step(self._gate_deadline_ns)
+        if result is not None:
+            self._open_gate(now, result)
+
+    def _open_gate(self, now: int, result: dict[str, Any]) -> None:
+        self.gate.state = "open"
+        self.gate.started_at_ms = self.gate.started_at_ms or now
+        self.gate.opened_at_ms = self.time.milliseconds()
+        self.gate.result = result
+        log.info("start-up gate open: %s", json.dumps(result, separators=(",", ":"))[:2000])
+        self._next_scan_ms = 0
 
     def _scan_interval_ms(self) -> int:
         if self.options.scan_interval_ms is not None:
@@ -186,13 +281,23 @@ class Sidecar:
         new = self.watcher.poll()
         if self.watcher.error:
             self._error(None, None, f"policy: {self.watcher.error}", dedupe=True)
+        if self.watcher.missing and not self._policy_gone and self._controller is not None:
+            # A deleted policy: its work stops, and stage mode's sets go (never committed).
+            self._policy_gone = True
+            log.warning("the policy file is gone: the %s mode's work stops", self.policy.mode if self.policy else "-")
+            self._controller.policy_gone()
         if new is None:
             return
         old = self.policy
+        if self._policy_gone:
+            self._policy_gone = False
+            old = None  # back: start the mode afresh
         self.policy = new
         self._observer = None
         log.info("policy loaded (generation %s, mode %s)", new.policy_generation, new.mode)
         if old is None or old.mode != new.mode:
+            if old is not None:
+                log.info("mode %s -> %s", old.mode, new.mode)
             self._switch_mode(new)
         elif self._controller is not None:
             self._controller.reconfigure(new, cleaner_changed=old.cleaner != new.cleaner)
@@ -202,7 +307,7 @@ class Sidecar:
             self._controller.stop(leaving_mode=True)
         controllers = {Mode.OBSERVE: _Controller, Mode.COMPACT: _CompactController, Mode.STAGE: _StageController}
         self._controller = controllers[Mode(policy.mode)](self)
-        self.state.state = "observing"
+        self.state.state = self._controller.idle_state
 
     def scan(self) -> ScanSnapshot | None:
         """A read-only look at every log dir; what ``/status`` and ``/metrics`` report."""
@@ -255,7 +360,9 @@ class Sidecar:
         )
         with self._lock:
             self.snapshot = snapshot
-            self.ready = True
+            # Ready: a policy and at least one log dir seen (a sidecar that finds none is
+            # not doing its job, whatever the reason).
+            self.ready = bool(self.log_dirs)
         return snapshot
 
     def _refresh_observed(self, observer: LogCleanerManager) -> None:
@@ -336,10 +443,13 @@ class Sidecar:
         return self._controller is not None and d in self._controller.held_locks()
 
     def _error(self, log_dir: str | None, partition: str | None, message: str, *, dedupe: bool = False) -> None:
+        """An error for ``/status`` and the log (once per distinct message when ``dedupe``)."""
         with self._lock:
             if dedupe and any(e.message == message and e.partition == partition for e in self.errors):
                 return
             self.errors.append(_Error(self.time.milliseconds(), log_dir, partition, message))
+        where = " ".join(x for x in (log_dir, partition) if x)
+        log.warning("%s%s", f"{where}: " if where else "", message)
 
     # -- reports ---------------------------------------------------------------------------
     def status_document(self) -> dict[str, Any]:
@@ -359,7 +469,7 @@ class Sidecar:
         }
         with self._lock:
             errors = [e.as_status() for e in self.errors]
-        return build_status(
+        doc = build_status(
             broker=self.options.broker_name,
             mode=str(policy.mode) if policy else "observe",
             policy_generation=policy.policy_generation if policy else None,
@@ -369,6 +479,12 @@ class Sidecar:
             top_partitions=policy.reporting.top_partitions if policy else 20,
             last_cleaned_at=self.state.last_cleaned_at,
         )
+        doc["gate"] = self.gate.as_status()
+        if controller is not None:
+            extra = controller.status_section()
+            if extra:
+                doc.update(extra)
+        return doc
 
     def _gauges(self) -> CleanerGauges:
         g = CleanerGauges(policy_generation=self.policy.policy_generation if self.policy else None)
@@ -416,7 +532,8 @@ class Sidecar:
             raise
 
     def stop(self) -> None:
-        """Abort in-flight work, remove temporary files, release locks, stop serving."""
+        """Abort in-flight work, remove temporary files, release locks; in stage mode commit
+        what is staged if the broker has exited (the lock decides); stop serving."""
         self.stopping.set()
         if self._controller is not None:
             self._controller.stop()
@@ -460,6 +577,14 @@ def _handler(sidecar: Sidecar) -> type[BaseHTTPRequestHandler]:
                     b"ok\n" if ok else b"unhealthy\n",
                     "text/plain",
                 )
+            elif path == "/startupz":
+                # The sidecar's startupProbe: the broker container starts once this is 200.
+                ok = sidecar.gate.open
+                self._send(
+                    HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE,
+                    b"gate open\n" if ok else f"gate {sidecar.gate.state}\n".encode(),
+                    "text/plain",
+                )
             elif path == "/readyz":
                 ok = sidecar.ready and sidecar.policy is not None
                 self._send(
@@ -482,16 +607,29 @@ def _handler(sidecar: Sidecar) -> type[BaseHTTPRequestHandler]:
 
 
 class _Controller:
-    """Observe mode: nothing to do besides the scans."""
+    """Observe mode: nothing to do besides the scans; its gate opens at once."""
+
+    idle_state = "observing"
 
     def __init__(self, sidecar: Sidecar) -> None:
         self.sidecar = sidecar
 
+    def gate_seconds(self) -> int:
+        return 0
+
+    def gate_step(self, deadline_ns: int) -> dict[str, Any] | None:
+        """Work of the start-up gate; the gate's result once it is done, None while not."""
+        return {}
+
     def step(self, now: int) -> None:
-        self.sidecar.state.state = "observing"
+        self.sidecar.state.state = self.idle_state
 
     def pause(self, now: int) -> None:
         """``spec.paused``: no cleaning, but whatever safety needs goes on."""
+
+    def policy_gone(self) -> None:
+        """The policy file was deleted: stop, and leave nothing behind."""
+        self.stop(leaving_mode=True)
 
     def reconfigure(self, policy: Policy, *, cleaner_changed: bool) -> None:
         pass
@@ -516,9 +654,16 @@ class _Controller:
     def fill_gauges(self, gauges: CleanerGauges) -> None:
         pass
 
+    def status_section(self) -> dict[str, Any]:
+        """Mode-specific top-level parts of ``/status``."""
+        return {}
+
 
 class _CompactController(_Controller):
-    """Runs passes of the cleaner over the log dirs whose locks it can take."""
+    """Runs passes of the cleaner over the log dirs whose locks it can take: in the
+    start-up gate (bounded by ``compact.maxGateSeconds``) and inside maintenance windows."""
+
+    idle_state = "idle"
 
     def __init__(self, sidecar: Sidecar) -> None:
         super().__init__(sidecar)
@@ -533,50 +678,102 @@ class _CompactController(_Controller):
         """Uncleanable partitions, kept from pass to pass as Kafka keeps them for the life
         of the process (each pass has a new manager): (log dir, partition) -> (inode of the
         partition dir, why). A partition dir that was deleted and re-created is a new log."""
+        self._gate_started = False
+        self._gate_cleaned = 0
+
+    def gate_seconds(self) -> int:
+        policy = self.sidecar.policy
+        return policy.compact.max_gate_seconds if policy is not None else 0
+
+    def gate_step(self, deadline_ns: int) -> dict[str, Any] | None:
+        sc = self.sidecar
+        if self.gate_seconds() == 0:
+            return {"skipped": "compact.maxGateSeconds is 0"}
+        if not self._gate_started:
+            self._gate_started = True
+            waiting = self._start_pass(sc.time.milliseconds())
+            if self.pool is None:
+                sc.state.state = "waitingForBroker" if waiting else "idle"
+                return {"compacted": 0, "lockHeldByBroker": [str(d) for d in waiting]}
+            return None
+        assert self.pool is not None
+        if any(t.is_alive() for t in self.pool.threads) and sc.time.nanoseconds() < deadline_ns:
+            sc.state.state = "cleaning"
+            return None
+        timed_out = any(t.is_alive() for t in self.pool.threads)
+        self._finish_pass()
+        return {"compacted": self._gate_cleaned, "timedOut": timed_out}
+
+    def _in_window(self, now: int) -> bool:
+        policy = self.sidecar.policy
+        return policy is not None and in_window(policy.compact.windows, now)
 
     def step(self, now: int) -> None:
         sc = self.sidecar
         assert sc.policy is not None
         if self.pool is not None:
+            if not self._in_window(now):
+                # The window closed: give the log dirs back at once (in-flight cleans abort).
+                self._stop_pool(timeout_s=8.0)
+                sc.state.state = "idle"
+                sc._next_scan_ms = 0
+                return
             if any(t.is_alive() for t in self.pool.threads):
                 sc.state.state = "cleaning"
                 return
             self._finish_pass()
+        if not self._in_window(now):
+            sc.state.state = "idle"
+            return
         if now < self._next_attempt_ms:
             return
+        waiting = self._start_pass(now)
+        if self.pool is None:
+            sc.state.state = "waitingForBroker" if waiting else "idle"
+            self._next_attempt_ms = now + sc.policy.cleaner.backoff_ms
+
+    def _start_pass(self, now: int) -> list[Path]:
+        """Take every free lock and start a pass over those dirs; returns the dirs a broker
+        holds. Dirs holding a partition that is also in another log dir are left alone."""
+        sc = self.sidecar
+        assert sc.policy is not None
+        doubled = {d for dirs in sc.duplicates.values() for d in dirs}
         waiting = []
         for d in sc.log_dirs:
-            lock = LogDirLock(d)
+            if d in doubled:
+                continue
+            lock = LogDirLock(d, remove_created=True)
             try:
                 lock.acquire()
             except LogDirLockedError:
                 waiting.append(d)
                 continue
             self.locks[d] = lock
-        if self.locks:
-            dirs = [LogDirectory(d) for d in self.locks]
-            self.manager = LogCleanerManager(dirs, sc.policy, sc.time)
-            by_path = {str(d): d for d in dirs}
-            for (log_dir, tp), why in self.uncleanable().items():
-                if log_dir in by_path:
-                    self.manager.mark_partition_uncleanable(by_path[log_dir], tp, why)
-            self._abort = threading.Event()
-            self.pool = LogCleaner(
-                self.manager,
-                sc.policy.cleaner,
-                StoppableTime(sc.time, self._abort, sc.stopping),
-                exit_when_idle=True,
-                on_cleaned=sc.record_clean,
-                on_uncleanable=self._uncleanable,
-            )
-            sc.state.last_run_ms = now
-            self.pool.start()
-            sc.state.state = "cleaning"
-        else:
-            sc.state.state = "waitingForBroker" if waiting else "observing"
-            self._next_attempt_ms = now + sc.policy.cleaner.backoff_ms
-        if waiting and self.locks:
-            sc.state.state = "cleaning"
+        if not self.locks:
+            return waiting
+        dirs = [LogDirectory(d) for d in self.locks]
+        self.manager = LogCleanerManager(dirs, sc.policy, sc.time)
+        by_path = {str(d): d for d in dirs}
+        for (log_dir, tp), why in self.uncleanable().items():
+            if log_dir in by_path:
+                self.manager.mark_partition_uncleanable(by_path[log_dir], tp, why)
+        self._abort = threading.Event()
+        self.pool = LogCleaner(
+            self.manager,
+            sc.policy.cleaner,
+            StoppableTime(sc.time, self._abort, sc.stopping),
+            exit_when_idle=True,
+            on_cleaned=self._cleaned,
+            on_uncleanable=self._uncleanable,
+        )
+        sc.state.last_run_ms = now
+        self.pool.start()
+        sc.state.state = "cleaning"
+        return waiting
+
+    def _cleaned(self, result: CleanResult) -> None:
+        self._gate_cleaned += 1
+        self.sidecar.record_clean(result)
 
     def _uncleanable(self, managed: ManagedLog, cause: BaseException) -> None:
         why = f"{type(cause).__name__}: {cause}"
@@ -602,10 +799,10 @@ class _CompactController(_Controller):
         sc = self.sidecar
         assert self.pool is not None
         self._dead_threads = self.pool.dead_thread_count
-        self._stop_pool()
+        self._stop_pool(timeout_s=8.0)
         assert sc.policy is not None
         self._next_attempt_ms = sc.time.milliseconds() + sc.policy.cleaner.backoff_ms
-        sc.state.state = "observing"
+        sc.state.state = "idle"
         sc._next_scan_ms = 0  # show the result at once
 
     def reconfigure(self, policy: Policy, *, cleaner_changed: bool) -> None:
@@ -652,16 +849,69 @@ class _CompactController(_Controller):
             gauges.max_clean_time_seconds = pool.max_clean_time_seconds()
             gauges.max_compaction_delay_seconds = pool.max_compaction_delay_seconds()
 
+    def status_section(self) -> dict[str, Any]:
+        policy = self.sidecar.policy
+        windows = list(policy.compact.windows) if policy else []
+        now = self.sidecar.time.milliseconds()
+        return {"compact": {"windows": windows, "inWindow": bool(windows) and self._in_window(now)}}
+
+
+MAX_LISTED = 50
+"""Entries of each list in the ``stage`` section of ``/status`` (counts are complete)."""
+
 
 class _StageController(_Controller):
-    """Stages one partition per step, validates every staged set on every step."""
+    """Stages one partition per step where the broker never looks; commits only in the
+    start-up gate and at SIGTERM, under ``.lock`` (``stage.commit_log_dir``)."""
+
+    idle_state = "idle"
 
     def __init__(self, sidecar: Sidecar) -> None:
         super().__init__(sidecar)
         self.sets: dict[tuple[Path, TopicPartition], stage.StagedSet] = {}
+        self.refused: dict[tuple[Path, TopicPartition], str] = {}
+        self.commits: list[dict[str, Any]] = []
+        """What the last commit (gate or termination) did, per log dir."""
         self._stop = threading.Event()
         self._cleaner: Cleaner | None = None
-        self._last_stats = None
+
+    def gate_seconds(self) -> int:
+        policy = self.sidecar.policy
+        return policy.stage.max_commit_seconds if policy is not None else 0
+
+    def gate_step(self, deadline_ns: int) -> dict[str, Any] | None:
+        return self.commit(deadline_ns, "gate")
+
+    def commit(self, deadline_ns: int, why: str) -> dict[str, Any]:
+        """The fenced commit of every log dir (the broker must be stopped: the lock decides)."""
+        sc = self.sidecar
+        previous, sc.state.state = sc.state.state, "committing"
+        reports = []
+        try:
+            for d in sc.log_dirs:
+                report = stage.commit_log_dir(d, sc.time, deadline_ns)
+                reports.append(report)
+                for tp, reason in report.deleted:
+                    sc._error(str(d), tp, f"{why}: deleted the staged set: {reason}")
+                for tp, message in report.errors:
+                    sc._error(str(d), tp, f"{why}: commit failed: {message}")
+                for tp in report.left:
+                    sc._error(str(d), tp, f"{why}: stage.maxCommitSeconds ran out; the set stays staged", dedupe=True)
+                for tp, reclaimed in report.committed:
+                    sc.state.bytes_reclaimed += reclaimed
+                    sc.metrics.cleanings.labels("committed").inc()
+                    log.info("%s: committed the staged set of %s in %s (%d bytes reclaimed)", why, tp, d, reclaimed)
+        finally:
+            sc.state.state = previous
+        self.sets = {k: v for k, v in self.sets.items() if stage.load(k[0] / k[1].dir_name) is not None}
+        self.commits = [r.as_status() for r in reports]
+        sc._next_scan_ms = 0
+        return {
+            "committed": sum(len(r.committed) for r in reports),
+            "deleted": sum(len(r.deleted) for r in reports),
+            "timedOut": sum(len(r.left) for r in reports),
+            "lockHeldByBroker": [r.log_dir for r in reports if not r.locked],
+        }
 
     def _manager(self) -> LogCleanerManager:
         sc = self.sidecar
@@ -674,33 +924,33 @@ class _StageController(_Controller):
         if self._stop.is_set() or self.sidecar.stopping.is_set():
             raise ThreadShutdownError("the sidecar is stopping")
 
+    def _new_cleaner(self) -> Cleaner:
+        sc = self.sidecar
+        assert sc.policy is not None
+        cfg = sc.policy.cleaner
+        return Cleaner(
+            0,
+            OffsetMap(cfg.dedupe_buffer_per_thread, cfg.dedupe_buffer_load_factor),
+            cfg.io_buffer_per_thread // 2,
+            1048588,
+            Throttler(cfg.max_io_bytes_per_second, StoppableTime(sc.time, self._stop, sc.stopping)),
+            sc.time,
+            self._check_done,
+        )
+
     def step(self, now: int) -> None:
         sc = self.sidecar
         assert sc.policy is not None
         manager = self._manager()
         logs = manager.logs()
+        self.evict_for_disk()
         self.validate_all(manager, logs)
-        sc.state.state = "observing"
-        if self._cleaner is None:
-            cfg = sc.policy.cleaner
-            self._cleaner = Cleaner(
-                0,
-                OffsetMap(cfg.dedupe_buffer_per_thread, cfg.dedupe_buffer_load_factor),
-                cfg.io_buffer_per_thread // 2,
-                1048588,
-                Throttler(cfg.max_io_bytes_per_second, StoppableTime(sc.time, self._stop, sc.stopping)),
-                sc.time,
-                self._check_done,
-            )
-        checkpoints: dict[TopicPartition, int] = {}
-        for key in self.sets:
-            checkpoints[key[1]] = self.sets[key].end_offset
+        sc.state.state = "idle"
+        candidates = self._candidates(manager, logs)
         best = None
-        for tp, managed in logs.items():
-            if not managed.compacted or (managed.log_dir.path, tp) in self.sets:
-                continue
+        for tp, managed in candidates:
             try:
-                ltc, _, _ = manager.log_to_clean(managed, checkpoints.get(tp), now)
+                ltc, _, _ = manager.log_to_clean(managed, stage.cleaned_to(managed.log.dir), now)
             except Exception as e:
                 sc._error(str(managed.log_dir), str(tp), f"{type(e).__name__}: {e}", dedupe=True)
                 continue
@@ -711,77 +961,103 @@ class _StageController(_Controller):
         if best is None:
             return
         ltc, managed = best
+        key = (managed.log_dir.path, ltc.topic_partition)
         needed = ltc.clean_bytes + ltc.cleanable_bytes
-        if not stage.free_disk_allows(managed.log_dir.path, needed, sc.policy.stage.min_free_disk_ratio):
-            sc._error(
-                str(managed.log_dir),
-                str(ltc.topic_partition),
-                f"staging skipped: free disk would drop below {sc.policy.stage.min_free_disk_ratio:.0%}",
-                dedupe=True,
-            )
+        ratio = sc.policy.stage.min_free_disk_ratio
+        if not stage.free_disk_allows(managed.log_dir.path, needed, ratio):
+            self.refused[key] = f"free disk would drop below stage.minFreeDiskRatio ({ratio:.0%})"
             return
         high_watermark = managed.log_dir.high_watermarks().get(ltc.topic_partition)
         if high_watermark is None:
             return
-        sc.state.state = "cleaning"
+        if self._cleaner is None:
+            self._cleaner = self._new_cleaner()
+        sc.state.state = "staging"
         sc.state.last_run_ms = now
         try:
             staged = stage.stage_partition(self._cleaner, managed, ltc, high_watermark=high_watermark, now_ms=now)
         except ThreadShutdownError:
-            return  # stage_partition removed the round's .cleaned files
+            return  # stage_partition removed the round's work
+        except stage.StageRefused as e:
+            self.refused[key] = str(e)
+            return
         except Exception as e:
             sc._error(str(managed.log_dir), str(ltc.topic_partition), f"staging failed: {type(e).__name__}: {e}")
             sc.metrics.record_failure()
             return
         finally:
-            sc.state.state = "observing"
+            sc.state.state = "idle"
         if staged is not None:
-            self.sets[(managed.log_dir.path, ltc.topic_partition)] = staged
+            self.sets[key] = staged
             sc.metrics.cleanings.labels("staged").inc()
             sc.state.last_cleaned_at[ltc.topic_partition] = now
             sc._next_scan_ms = 0
 
-    def validate_all(self, manager: LogCleanerManager | None = None, logs: dict | None = None) -> None:
-        """Check every staged set (ours on disk, also after a restart) and discard stale ones."""
+    def _candidates(
+        self, manager: LogCleanerManager, logs: dict[TopicPartition, ManagedLog]
+    ) -> list[tuple[TopicPartition, ManagedLog]]:
+        """The compacted partitions stage mode may work on now; the others that a guard
+        refuses are recorded in ``refused`` with the reason."""
+        sc = self.sidecar
+        refused = refusals(logs)
+        for tp in sc.duplicates:
+            managed = logs.get(tp)
+            if managed is not None and managed.compacted:
+                refused.setdefault((managed.log_dir.path, tp), "the partition is in more than one log dir")
+        self.refused = refused
+        return [
+            (tp, managed)
+            for tp, managed in logs.items()
+            if managed.compacted
+            and (managed.log_dir.path, tp) not in refused
+            and (managed.log_dir.path, tp) not in self.sets
+        ]
+
+    def validate_all(
+        self, manager: LogCleanerManager | None = None, logs: dict[TopicPartition, ManagedLog] | None = None
+    ) -> None:
+        """Check every staged set (ours on disk, also after a restart) and delete stale ones,
+        and the sets of partitions this policy no longer stages. Deleting is safe at any
+        time: the broker never reads the stage area."""
+        sc = self.sidecar
         manager = manager or self._manager()
         logs = logs if logs is not None else manager.logs()
-        for tp, managed in logs.items():
-            key = (managed.log_dir.path, tp)
-            staged = self.sets.get(key) or stage.load_manifest(managed.log.dir)
-            if staged is None:
-                continue
-            managed.log.refresh()
-            start = max(managed.log.log_start_offset, managed.log_dir.log_start_offsets().get(tp, 0))
-            reason = stage.validate(staged, managed.log.dir, start, managed.log_dir.high_watermarks().get(tp))
-            if reason is None:
-                self.sets[key] = staged
-                continue
-            self._discard(key, managed.log.dir, staged, reason)
-            managed.log.refresh()  # the read-only view showed the set as committed
-        # A set nobody validates any more must not wait for the broker's restart: the
-        # policy no longer matches its topic (or the topic is no longer compacted).
-        for log_dir in manager.log_dirs:
-            if not log_dir.exists():
-                continue
-            for tp, pdir in log_dir.partition_dirs().items():
+        found: dict[tuple[Path, TopicPartition], stage.StagedSet] = {}
+        for log_dir in sc.log_dirs:
+            for tp, pdir in stage.staged_partitions(log_dir).items():
+                key = (log_dir, tp)
                 managed = logs.get(tp)
-                if managed is not None and managed.compacted and managed.log_dir.path == log_dir.path:
+                if managed is None or not managed.compacted or managed.log_dir.path != log_dir:
+                    self._delete(key, pdir, "the policy no longer stages this topic")
                     continue
-                staged = stage.load_manifest(pdir)
-                if staged is not None:
-                    self._discard((log_dir.path, tp), pdir, staged, "the policy no longer stages this topic")
+                staged = stage.load(pdir)
+                if staged is None:
+                    continue
+                reason = stage.validate(staged, pdir)
+                if reason is not None:
+                    self._delete(key, pdir, reason)
+                    continue
+                found[key] = staged
+        self.sets = found
 
-    def _discard(self, key: tuple[Path, TopicPartition], pdir: Path, staged: stage.StagedSet, reason: str) -> None:
+    def evict_for_disk(self) -> None:
         sc = self.sidecar
-        if reason == "committed":
-            sc.state.bytes_reclaimed += max(staged.source_bytes - staged.staged_bytes, 0)
-        else:
-            sc._error(str(key[0]), str(key[1]), f"discarding staged set at {staged.base_offset}: {reason}")
-        stage.discard(staged, pdir)
+        assert sc.policy is not None
+        ratio = sc.policy.stage.min_free_disk_ratio
+        for d in sc.log_dirs:
+            for tp, size in stage.evict_for_disk(d, ratio):
+                sc._error(str(d), tp, f"deleted the staged set ({size} bytes): free disk is below {ratio:.0%}")
+
+    def _delete(self, key: tuple[Path, TopicPartition], pdir: Path, reason: str) -> None:
+        if stage.load(pdir) is not None:
+            self.sidecar._error(str(key[0]), str(key[1]), f"deleted the staged set: {reason}")
+        stage.delete_set(pdir)
         self.sets.pop(key, None)
 
     def pause(self, now: int) -> None:
-        # Paused means no new staging; staged sets are still validated on every turn.
+        # Paused means no new staging; staged sets are still validated (and the disk
+        # guarded) on every turn.
+        self.evict_for_disk()
         self.validate_all()
 
     def reconfigure(self, policy: Policy, *, cleaner_changed: bool) -> None:
@@ -789,19 +1065,53 @@ class _StageController(_Controller):
             self._cleaner = None  # the next round builds one with the new settings
 
     def stop(self, *, leaving_mode: bool = False) -> None:
-        """On shutdown the valid sets stay for the broker's next start (that is the
-        point of staging). When the policy leaves stage mode they are discarded: no other
-        mode validates them, and a set that is not validated may turn stale (retention,
-        truncation) before the broker restarts."""
+        """Leaving stage mode deletes every set (no other mode validates them). Shutting
+        down (SIGTERM) commits them if the broker has exited: native sidecars stop after
+        the pod's main containers. A broker still running holds ``.lock``, and nothing is
+        done (the sidecar alone is restarting)."""
         self._stop.set()
+        sc = self.sidecar
         try:
-            if self.sidecar.policy is not None and self.sidecar.log_dirs:
-                self.validate_all()
-                if leaving_mode:
-                    for key, staged in list(self.sets.items()):
-                        self._discard(key, key[0] / key[1].dir_name, staged, "the policy left stage mode")
+            if leaving_mode:
+                why = "the policy file is gone" if sc._policy_gone else "the policy left stage mode"
+                for d in sc.log_dirs:
+                    for tp, pdir in stage.staged_partitions(d).items():
+                        self._delete((d, tp), pdir, why)
+            elif sc._policy_gone:
+                pass  # a deleted policy's sets are gone, and nothing is committed
+            elif sc.policy is not None and sc.log_dirs and sc.gate.open and not sc.policy.paused:
+                deadline = sc.time.nanoseconds() + self.gate_seconds() * 1_000_000_000
+                self.commit(deadline, "termination")
         except (KafkaCleanerError, OSError) as e:
-            log.warning("final validation of staged sets failed: %s", e)
+            log.warning("stage mode's last step failed: %s", e)
 
     def staged_bytes(self) -> dict[TopicPartition, int]:
         return {key[1]: s.staged_bytes for key, s in self.sets.items()}
+
+    def status_section(self) -> dict[str, Any]:
+        sets = sorted(self.sets.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1])))
+        refused = sorted(self.refused.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1])))
+        return {
+            "stage": {
+                "sets": len(sets),
+                "stagedSets": [
+                    {
+                        "topic": tp.topic,
+                        "partition": tp.partition,
+                        "logDir": str(d),
+                        "baseOffset": s.base_offset,
+                        "nextOffset": s.next_offset,
+                        "stagedBytes": s.staged_bytes,
+                        "sourceBytes": s.source_bytes,
+                        "stagedAt": rfc3339(s.created_at_ms),
+                    }
+                    for (d, tp), s in sets[:MAX_LISTED]
+                ],
+                "refusedPartitions": len(refused),
+                "refused": [
+                    {"topic": tp.topic, "partition": tp.partition, "logDir": str(d), "reason": why[:1024]}
+                    for (d, tp), why in refused[:MAX_LISTED]
+                ],
+                "lastCommit": self.commits,
+            }
+        }

@@ -1,26 +1,37 @@
-"""Stage mode: clean next to a live broker by leaving complete ``.swap`` sets that the
-broker's own start-up commits (KAFKA_NOTES §4), for topics the broker does not compact
-itself.
+"""Stage mode: clean next to a live broker where the broker never looks, and commit the
+result in one fenced step while the broker is stopped.
 
-A staged set is written exactly as Kafka's cleaner writes a swap: every file as
-``.cleaned`` first, then renamed ``.cleaned`` -> ``.swap`` in descending base offset, so
-that until the last rename the broker's start-up deletes the whole set. The broker's own
-files are never renamed, changed or deleted, and ``cleaner-offset-checkpoint`` is never
-written. Nothing is staged at or above the high watermark or the last stable offset.
+**Where staged output lives.** ``<partition dir>/.kafka-cleaner-stage/``. Kafka's
+``LogLoader`` (3.9's Scala one and 4.x's Java one) reads only the *regular files* of a
+partition dir (``dir.listFiles`` filtered by ``isFile`` in every pass), producer snapshots
+are found by their ``.snapshot`` suffix, and ``LogManager.loadLogs`` only looks at the
+directories of the log dir's *root* (where a name that is not a topic-partition would make
+Kafka refuse the whole log dir). A subdirectory inside the partition dir is therefore never
+read, renamed or deleted by a broker, except with the partition itself (topic deletion and
+replica moves delete the partition dir recursively). It is on the same file system as the
+segments, so a commit moves files with hard links and renames, never copies. No ``.swap``,
+``.cleaned`` or ``.deleted`` name ever appears in a partition dir while the broker may run.
 
-A manifest (``kafka-cleaner.stage.json``, a name the broker ignores) records what the
-set replaces: every source segment's name, size, mtime and inode, the log start offset
-and the high watermark. It is written *before* the renames, so a sidecar that restarts
-can always re-validate its set. Before and after each round and on every scan the set is
-checked against the directory; anything changed, truncated, deleted or newly swapped
-discards it. A discard first puts a ``.cleaned`` guard at the set's base offset, which
-by Kafka's start-up rules voids every ``.swap`` at or above it, so a crash in the middle
-of a discard cannot let the broker commit half a set.
+The area holds::
 
-What stage mode relies on (README): that the broker does not compact these topics itself
-(its cleaner would use the same ``.cleaned`` names), and that a stale set is discarded
-before the broker restarts: between a change (retention deleting a source segment, a
-truncation) and the next validation scan, a broker restart would commit the stale set.
+    work/            the round being staged: the engine's .cleaned segments (deleted at
+                     the start of every round and by every validation: never a set)
+    set/             the one complete staged set: the segment files under their final
+                     names and manifest.json, written last (work/ is renamed to set/
+                     only after the manifest is durable)
+    cleaned-to       the end offset of the last committed round: this partition's own
+                     cleaner checkpoint (the broker's cleaner-offset-checkpoint is never
+                     written, so the broker's own cleaner is not confused)
+
+**The commit** (``commit_log_dir``) runs only under the log dir's ``.lock`` (so never while
+a broker runs, and a broker that starts meanwhile fails to lock and retries: the lock
+decides, never both). Every set is validated against the directory as it is now
+(``validate``); a stale one is deleted (it was never visible to Kafka: always safe); a valid
+one is swapped in with the engine's crash-safe ``.cleaned`` -> ``.swap`` -> ``.deleted``
+protocol (``cleaner.storage.staged.swap_in`` -> ``Log.replace_segments``). A crash at any
+point leaves either the old segments, or a committed swap that Kafka's start-up completes.
+The commit is bounded by a deadline: sets not reached in time stay staged (still
+validated at the next commit), none is half-committed.
 """
 
 from __future__ import annotations
@@ -28,56 +39,99 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
+from cleaner.clock import Time
 from cleaner.engine.cleaner import Cleaner, LogToClean
 from cleaner.engine.manager import ManagedLog
+from cleaner.errors import KafkaCleanerError, LogDirLockedError, SwapIncompleteError
 from cleaner.storage import files
-from cleaner.storage.loader import offset_of, regular_files
+from cleaner.storage.checkpoint import (
+    CLEANER_OFFSET_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
+    OffsetCheckpointFile,
+)
+from cleaner.storage.loader import apply_startup_plan, offset_of, regular_files, startup_plan_for
+from cleaner.storage.lock import LogDirLock
+from cleaner.storage.log import Log, LogConfig
+from cleaner.storage.metadata import read_leader_epoch_checkpoint
 from cleaner.storage.segment import (
     CLEANED_SUFFIX,
     LOG_SUFFIX,
-    SEGMENT_FILE_SUFFIXES,
     SWAP_SUFFIX,
     LogSegment,
     file_name,
 )
+from cleaner.storage.staged import staged_segments, swap_in
+from cleaner.storage.topic_partition import TopicPartition, parse_partition_dir
 
-MANIFEST = "kafka-cleaner.stage.json"
-MANIFEST_VERSION = 1
+STAGE_DIR = ".kafka-cleaner-stage"
+SET_DIR = "set"
+WORK_DIR = "work"
+MANIFEST = "manifest.json"
+CLEANED_TO = "cleaned-to"
+MANIFEST_VERSION = 2
 
 
-@dataclass
-class FileFacts:
+@dataclass(frozen=True)
+class SourceFile:
+    """A ``.log`` file a staged set replaces, as it was when the set was staged."""
+
     name: str
     size: int
     mtime_ns: int
     inode: int
+    last_batch_crc: int | None
 
     @classmethod
-    def of(cls, path: Path) -> FileFacts:
+    def of(cls, path: Path) -> SourceFile:
         st = path.stat()
-        return cls(path.name, st.st_size, st.st_mtime_ns, st.st_ino)
+        return cls(path.name, st.st_size, st.st_mtime_ns, st.st_ino, last_batch_crc(path))
+
+
+def last_batch_crc(log_path: Path) -> int | None:
+    """The stored CRC of a segment file's last batch (None when empty). Read from the last
+    offset-index entry on: a few KiB, however large the segment."""
+    base = offset_of(log_path.name)
+    seg = LogSegment(log_path.parent, base if base is not None else 0)
+    crc = None
+    for chunk in seg.iter_batches(seg.lookup_position(2**63 - 1), allow_truncated_tail=True):
+        crc = int(chunk.headers["crc"][-1])
+    return crc
 
 
 @dataclass
 class StagedSet:
+    """What a staged set replaces and what the partition looked like when it was staged:
+    everything ``validate`` compares with the directory at commit time."""
+
     partition: str
     base_offset: int
     next_offset: int
-    staged: list[str]
-    """Final (``.swap``) names of the staged files."""
-    sources: list[FileFacts]
-    """Every live segment file the broker's start-up will delete for this set."""
-    log_start_offset: int
+    end_offset: int
+    """The round's end offset: the partition's ``cleaned-to`` once committed."""
+    files: dict[str, int]
+    """Staged file name -> size."""
+    replaced: list[int]
+    """Base offsets of the segments the set replaces."""
+    sources: list[SourceFile]
+    first_segment_base: int
+    log_start_checkpoint: int | None
+    """This partition's entry in ``log-start-offset-checkpoint`` (Kafka writes one only
+    when the log start is above the first segment, or for tiered logs)."""
     high_watermark: int
+    leader_epochs: list[tuple[int, int]]
+    """``leader-epoch-checkpoint`` entries (epoch, start offset) that begin below ``next_offset``."""
+    log_config: dict[str, int]
     created_at_ms: int
-    staged_log_inode: int = 0
     source_bytes: int = 0
     staged_bytes: int = 0
-    end_offset: int = 0
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         data = asdict(self)
@@ -87,95 +141,156 @@ class StagedSet:
     @classmethod
     def from_json(cls, data: bytes) -> StagedSet:
         raw = json.loads(data)
-        raw.pop("version", None)
-        raw["sources"] = [FileFacts(**f) for f in raw["sources"]]
+        if raw.pop("version", None) != MANIFEST_VERSION:
+            raise ValueError("unknown manifest version")
+        raw["sources"] = [SourceFile(**f) for f in raw["sources"]]
+        raw["leader_epochs"] = [tuple(e) for e in raw["leader_epochs"]]
         return cls(**raw)
 
 
-def load_manifest(partition_dir: Path) -> StagedSet | None:
-    path = partition_dir / MANIFEST
+# -- the area ---------------------------------------------------------------------------------
+
+
+def area(partition_dir: Path) -> Path:
+    return partition_dir / STAGE_DIR
+
+
+def set_dir(partition_dir: Path) -> Path:
+    return area(partition_dir) / SET_DIR
+
+
+def load(partition_dir: Path) -> StagedSet | None:
+    """The partition's complete staged set, if any. A set whose manifest cannot be read is
+    returned as an unreadable set (``validate`` calls it stale)."""
+    path = set_dir(partition_dir) / MANIFEST
     try:
         return StagedSet.from_json(path.read_bytes())
     except FileNotFoundError:
         return None
-    except (ValueError, TypeError, KeyError):
-        # A manifest we cannot read: treat the set as stale (the caller discards it).
-        return StagedSet(partition_dir.name, 0, 0, [], [], 0, 0, 0, extra={"unreadable": True})
+    except (OSError, ValueError, TypeError, KeyError):
+        return StagedSet(partition_dir.name, 0, 0, 0, {}, [], [], 0, None, 0, [], {}, 0, extra={"unreadable": True})
 
 
-def validate(staged: StagedSet, partition_dir: Path, log_start_offset: int, high_watermark: int | None) -> str | None:
-    """None if the staged set is still exactly what the broker's start-up should commit,
-    "committed" if the broker already did, else why it is stale."""
-    if staged.extra.get("unreadable"):
-        return "the stage manifest is unreadable"
-    names = set(regular_files(partition_dir))
-    present = [n for n in staged.staged if n in names]
-    final_log = file_name(staged.base_offset, LOG_SUFFIX)
-    if not present:
-        try:
-            if (partition_dir / final_log).stat().st_ino == staged.staged_log_inode:
-                return "committed"
-        except FileNotFoundError:
-            pass
-        return "the staged files are gone"
-    if len(present) != len(staged.staged):
-        return "some staged files are missing"
-    for src in staged.sources:
-        try:
-            now = FileFacts.of(partition_dir / src.name)
-        except FileNotFoundError:
-            return f"source {src.name} was deleted (retention or truncation)"
-        if now != src:
-            return f"source {src.name} changed (size, mtime or inode)"
-    recorded = {s.name for s in staged.sources if s.name.endswith(LOG_SUFFIX)}
-    for name in names:
-        if name.endswith(LOG_SUFFIX):
-            o = offset_of(name)
-            if o is not None and staged.base_offset <= o < staged.next_offset and name not in recorded:
-                return f"a new segment {name} appeared inside the staged range"
-    if log_start_offset > staged.base_offset:
-        return f"the log start offset moved to {log_start_offset}, past the staged set's base {staged.base_offset}"
-    if high_watermark is not None and high_watermark < staged.high_watermark:
-        return f"the high watermark went back from {staged.high_watermark} to {high_watermark} (truncation)"
-    ours = set(staged.staged)
-    for name in names:
-        if (name.endswith(SWAP_SUFFIX) and name not in ours) or name.endswith(CLEANED_SUFFIX):
-            return f"another swap operation is in progress ({name})"
+def staged_partitions(log_dir: Path) -> dict[TopicPartition, Path]:
+    """Partition dirs of ``log_dir`` that hold a stage area (a set, work or a checkpoint)."""
+    out = {}
+    with contextlib.suppress(FileNotFoundError), os.scandir(log_dir) as it:
+        for entry in it:
+            tp = parse_partition_dir(entry.name) if entry.is_dir(follow_symlinks=False) else None
+            if tp is not None and os.path.isdir(os.path.join(entry.path, STAGE_DIR)):
+                out[tp] = Path(entry.path)
+    return dict(sorted(out.items()))
+
+
+def _rmtree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    if path.exists():  # what ignore_errors hid: say it
+        shutil.rmtree(path)
+
+
+def delete_set(partition_dir: Path) -> None:
+    """Delete the partition's staged set and any unfinished round. Kafka never read them,
+    so this is safe at any moment, with or without the broker."""
+    a = area(partition_dir)
+    for name in (SET_DIR, WORK_DIR):
+        _rmtree(a / name)
+    with contextlib.suppress(FileNotFoundError):
+        files.fsync_dir(a)
+
+
+def delete_area(partition_dir: Path) -> None:
+    """Everything kafka-cleaner keeps in the partition dir (a deleted stage-mode policy)."""
+    _rmtree(area(partition_dir))
+
+
+def staged_bytes(partition_dir: Path) -> int:
+    total = 0
+    for sub in (SET_DIR, WORK_DIR):
+        with contextlib.suppress(FileNotFoundError), os.scandir(area(partition_dir) / sub) as it:
+            for entry in it:
+                with contextlib.suppress(FileNotFoundError):
+                    total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def cleaned_to(partition_dir: Path) -> int | None:
+    """The end offset of the last committed round (this partition's first dirty offset)."""
+    try:
+        return int((area(partition_dir) / CLEANED_TO).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+# -- staging ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who must be able to open the staged files: the owner of the partition's segments
+    (the broker's uid and group)."""
+
+    uid: int
+    gid: int
+
+    @classmethod
+    def of(cls, partition_dir: Path) -> Owner:
+        logs = sorted(n for n in regular_files(partition_dir) if n.endswith(LOG_SUFFIX))
+        st = (partition_dir / logs[0]).stat() if logs else partition_dir.stat()
+        return cls(st.st_uid, st.st_gid)
+
+
+def uid_refusal(partition_dir: Path) -> str | None:
+    """Why files this process would stage in ``partition_dir`` could not be opened read-write
+    by the broker (the owner of the segments), before anything is written; None if they
+    could. Root hands staged files to the owner; another uid needs the owner's group on
+    them: as a member of it (Kubernetes adds the pod's fsGroup to every container), or from
+    a set-group-ID directory."""
+    owner = Owner.of(partition_dir)
+    euid = os.geteuid()
+    if euid in (0, owner.uid):
+        return None
+    parent = area(partition_dir) if area(partition_dir).is_dir() else partition_dir
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"the sidecar's uid {euid} may not write {parent} (owner uid {owner.uid})"
+    if owner.gid in _groups():
+        return None
+    st = parent.stat()
+    gid = st.st_gid if st.st_mode & stat.S_ISGID else os.getegid()
+    if gid != owner.gid:
+        return (
+            f"the sidecar's uid {euid} is not the owner ({owner.uid}) of the broker's files, and the files it would "
+            f"write get group {gid}, not the broker's group {owner.gid}: the broker could not open them "
+            "(run the sidecar as the broker's uid, or with the broker's group, e.g. the pod's fsGroup)"
+        )
     return None
 
 
-def discard(staged: StagedSet, partition_dir: Path) -> None:
-    """Remove a staged set safely next to a live broker (see the module docstring).
-
-    The guard is our own ``<base>.log.swap`` renamed to ``.log.cleaned`` when it is there:
-    one rename voids the whole set and needs no free space (a stale set must also go on a
-    full disk); otherwise an empty ``.cleaned`` file is written. The manifest goes last, so
-    that a sidecar restarted after a crash anywhere in here still knows the leftovers are
-    its own and finishes the discard."""
-    guard = partition_dir / file_name(staged.base_offset, LOG_SUFFIX + CLEANED_SUFFIX)
-    base_swap = partition_dir / file_name(staged.base_offset, LOG_SUFFIX + SWAP_SUFFIX)
-    if base_swap.name in staged.staged and base_swap.exists():
-        files.rename(base_swap, guard)
-    else:
-        files.write_file(guard, b"")
-    files.fsync_dir(partition_dir)
-    for name in staged.staged:
-        files.remove(partition_dir / name)
-        cleaned = partition_dir / (name[: -len(SWAP_SUFFIX)] + CLEANED_SUFFIX)
-        if cleaned != guard:
-            files.remove(cleaned)
-    files.remove(guard)  # no .swap of the set is left for it to void
-    files.fsync_dir(partition_dir)
-    files.remove(partition_dir / MANIFEST)
-    files.fsync_dir(partition_dir)
+def _groups() -> set[int]:
+    return {os.getegid(), *os.getgroups()}
 
 
-def staged_bytes(staged: StagedSet, partition_dir: Path) -> int:
-    total = 0
-    for name in staged.staged:
-        with contextlib.suppress(FileNotFoundError):
-            total += (partition_dir / name).stat().st_size
-    return total
+def make_usable_by(path: Path, owner: Owner) -> str | None:
+    """Make a staged file readable and writable, or a stage directory writable, by the
+    broker: Kafka opens segments and mmaps indexes read-write, and deleting a partition
+    deletes everything in its directory. Root gives the file to the owner; another uid
+    gives it to the owner's group. None when the broker can use it, else why not."""
+    st = path.stat()
+    if st.st_uid == owner.uid:
+        return None
+    if os.geteuid() == 0:
+        os.chown(path, owner.uid, owner.gid)
+        return None
+    if st.st_gid != owner.gid and owner.gid in _groups():
+        os.chown(path, -1, owner.gid)
+        st = path.stat()
+    if st.st_gid != owner.gid:
+        return (
+            f"the sidecar's uid {os.geteuid()} is not the owner ({owner.uid}) of the broker's files, and the files it "
+            f"writes get group {st.st_gid}, not the broker's group {owner.gid}: the broker could not open them "
+            "(run the sidecar as the broker's uid, or with the broker's group, e.g. the pod's fsGroup)"
+        )
+    os.chmod(path, (st.st_mode & 0o7777) | (0o070 if stat.S_ISDIR(st.st_mode) else 0o060))
+    return None
 
 
 def stage_partition(
@@ -186,72 +301,284 @@ def stage_partition(
     high_watermark: int,
     now_ms: int,
 ) -> StagedSet | None:
-    """Clean ``ltc`` into ``.cleaned`` segments, then publish them as one ``.swap`` set.
-    Returns None when the round produced nothing to stage."""
+    """Clean ``ltc`` into ``work/``, then publish it as the partition's set. None when the
+    round produced nothing or the log changed under it (retention, truncation, a roll).
+
+    Raises ``StageRefused`` when the broker could not open what would be staged (uid)."""
     the_log = managed.log
     pdir = the_log.dir
+    a = area(pdir)
+    work = a / WORK_DIR
+    _rmtree(work)
+    work.mkdir(parents=True)
+    owner = Owner.of(pdir)
+    for d in (a, work):
+        refused = make_usable_by(d, owner)
+        if refused is not None:
+            _rmtree(work)
+            raise StageRefused(refused)
     written: list[tuple[LogSegment, list[LogSegment]]] = []
 
     def collect(cleaned: LogSegment, group: list[LogSegment], generation: int) -> None:
         written.append((cleaned, group))
 
-    sources_before = {s.log_path.name: FileFacts.of(s.log_path) for s in the_log.segments}
+    before = {s.log_path.name: _quick_facts(s.log_path) for s in the_log.segments}
     try:
-        end_offset, _ = cleaner.clean(ltc, commit=collect)
-    except BaseException:
-        for cleaned, _ in written:
-            cleaned.delete_files()
-        raise
-    if not written:
-        return None
-    new = sorted((c for c, _ in written), key=lambda s: s.base_offset)
-    replaced = [s for _, group in written for s in group]
-    base = new[0].base_offset
-    next_offset = max(s.read_next_offset() for s in new)
-    sources: list[FileFacts] = []
-    for name in sorted(regular_files(pdir)):
-        o = offset_of(name)
-        if o is None or not base <= o < next_offset or name.endswith((SWAP_SUFFIX, CLEANED_SUFFIX)):
-            continue
-        sources.append(FileFacts.of(pdir / name))
-    # The log must not have changed while the round ran (retention, truncation, a roll
-    # into the range): compare every replaced segment with what it was at the start.
-    for seg in replaced:
-        now = FileFacts.of(seg.log_path) if seg.log_path.exists() else None
-        if now != sources_before.get(seg.log_path.name):
-            for cleaned in new:
-                cleaned.delete_files()
+        end_offset, _ = cleaner.clean(ltc, commit=collect, cleaned_dir=work)
+        if not written:
+            _rmtree(work)
             return None
-    staged_names = [
-        file_name(s.base_offset, kind + SWAP_SUFFIX)
-        for s in new
-        for kind in SEGMENT_FILE_SUFFIXES
-        if s.path(kind).exists()
+        replaced = [s for _, group in written for s in group]
+        # The broker must not have changed what the round read (retention, truncation).
+        if any(_quick_facts(s.log_path) != before.get(s.log_path.name) for s in replaced):
+            _rmtree(work)
+            return None
+        new = sorted((c for c, _ in written), key=lambda s: s.base_offset)
+        sizes: dict[str, int] = {}
+        for seg in new:
+            seg.change_suffix("")
+            for path in sorted(work.iterdir()):
+                if offset_of(path.name) == seg.base_offset:
+                    refused = make_usable_by(path, owner)
+                    if refused is not None:
+                        raise StageRefused(refused)
+                    sizes[path.name] = path.stat().st_size
+        base = new[0].base_offset
+        next_offset = max(s.read_next_offset() for s in new)
+        starts = OffsetCheckpointFile(pdir.parent / LOG_START_OFFSET_CHECKPOINT).read()
+        tp = managed.topic_partition
+        staged = StagedSet(
+            partition=pdir.name,
+            base_offset=base,
+            next_offset=next_offset,
+            end_offset=end_offset,
+            files=sizes,
+            replaced=sorted(s.base_offset for s in replaced),
+            sources=[SourceFile.of(s.log_path) for s in sorted(replaced, key=lambda s: s.base_offset)],
+            first_segment_base=the_log.segments[0].base_offset,
+            log_start_checkpoint=starts.get(tp),
+            high_watermark=high_watermark,
+            leader_epochs=_epochs_below(pdir, next_offset),
+            log_config={
+                "segment_bytes": the_log.config.segment_bytes,
+                "segment_index_bytes": the_log.config.segment_index_bytes,
+                "index_interval_bytes": the_log.config.index_interval_bytes,
+                "max_message_bytes": the_log.config.max_message_bytes,
+            },
+            created_at_ms=now_ms,
+            source_bytes=sum(s.size for s in replaced),
+            staged_bytes=sum(sizes.values()),
+        )
+        if any((src.size, src.mtime_ns, src.inode) != before.get(src.name) for src in staged.sources):
+            _rmtree(work)
+            return None
+        files.atomic_write(work / MANIFEST, staged.to_json())
+        make_usable_by(work / MANIFEST, owner)
+        files.fsync_dir(work)
+        _rmtree(a / SET_DIR)
+        files.rename(work, a / SET_DIR)
+        files.fsync_dir(a)
+        return staged
+    except BaseException:
+        _rmtree(work)
+        raise
+
+
+class StageRefused(KafkaCleanerError):
+    """Staging this partition would leave something the broker cannot use."""
+
+
+def _quick_facts(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _epochs_below(partition_dir: Path, next_offset: int) -> list[tuple[int, int]]:
+    return [
+        (e.epoch, e.start_offset) for e in read_leader_epoch_checkpoint(partition_dir) if e.start_offset < next_offset
     ]
-    staged = StagedSet(
-        partition=pdir.name,
-        base_offset=base,
-        next_offset=next_offset,
-        staged=staged_names,
-        sources=sources,
-        log_start_offset=the_log.log_start_offset,
-        high_watermark=high_watermark,
-        created_at_ms=now_ms,
-        staged_log_inode=new[0].log_path.stat().st_ino,
-        source_bytes=sum(s.size for s in replaced),
-        staged_bytes=sum(s.size for s in new),
-        end_offset=end_offset,
-    )
-    # Manifest first: from here on a restarted sidecar knows this set is its own.
-    files.atomic_write(pdir / MANIFEST, staged.to_json())
-    for seg in sorted(new, key=lambda s: s.base_offset, reverse=True):
-        seg.change_suffix(SWAP_SUFFIX)
-    files.fsync_dir(pdir)
-    return staged
+
+
+# -- validation and the commit ----------------------------------------------------------------
+
+
+def validate(staged: StagedSet, partition_dir: Path) -> str | None:
+    """None if ``staged`` may replace its sources in the directory as it is now, else why
+    it is stale. Every check compares with what the set recorded when it was staged."""
+    if staged.extra.get("unreadable"):
+        return "the stage manifest is unreadable"
+    sdir = set_dir(partition_dir)
+    for name, size in sorted(staged.files.items()):
+        try:
+            if (sdir / name).stat().st_size != size:
+                return f"the staged file {name} changed size"
+        except FileNotFoundError:
+            return f"the staged file {name} is missing"
+    names = regular_files(partition_dir)
+    busy = sorted(n for n in names if n.endswith((CLEANED_SUFFIX, SWAP_SUFFIX)))
+    if busy:
+        return f"the partition dir holds an unfinished swap ({busy[0]}): the broker's own cleaner works on it"
+    logs = sorted((o, n) for n in names if n.endswith(LOG_SUFFIX) and (o := offset_of(n)) is not None)
+    if not logs or logs[0][0] != staged.first_segment_base:
+        first = logs[0][0] if logs else None
+        return f"the first segment is now {first}, was {staged.first_segment_base} (retention or a log start move)"
+    tp = parse_partition_dir(partition_dir.name)
+    if tp is None:
+        return f"{partition_dir.name} is not a partition directory"
+    log_dir = partition_dir.parent
+    start = OffsetCheckpointFile(log_dir / LOG_START_OFFSET_CHECKPOINT).read().get(tp)
+    if start != staged.log_start_checkpoint:
+        return f"the log start offset checkpoint moved from {staged.log_start_checkpoint} to {start}"
+    in_range = sorted(n for o, n in logs if staged.base_offset <= o < staged.next_offset)
+    if in_range != sorted(s.name for s in staged.sources):
+        return (
+            f"the segments in [{staged.base_offset}, {staged.next_offset}) are not the staged set's sources "
+            "(a roll, a truncation or retention)"
+        )
+    for src in staged.sources:
+        try:
+            now = SourceFile.of(partition_dir / src.name)
+        except FileNotFoundError:
+            return f"the source segment {src.name} was deleted (retention or truncation)"
+        except KafkaCleanerError as e:
+            return f"the source segment {src.name} cannot be read: {e}"
+        if now != src:
+            what = [f for f in ("size", "mtime_ns", "inode", "last_batch_crc") if getattr(now, f) != getattr(src, f)]
+            return f"the source segment {src.name} changed ({', '.join(what)})"
+    hw = OffsetCheckpointFile(log_dir / REPLICATION_OFFSET_CHECKPOINT).read().get(tp)
+    if hw is None or hw < staged.high_watermark:
+        return f"the high watermark went back from {staged.high_watermark} to {hw} (a truncation)"
+    epochs = _epochs_below(partition_dir, staged.next_offset)
+    if epochs != staged.leader_epochs:
+        return (
+            f"the leader epochs beginning below offset {staged.next_offset} changed (a leader change inside the "
+            f"staged range: records there may have been replaced): {staged.leader_epochs[-3:]} -> {epochs[-3:]}"
+        )
+    if tp in OffsetCheckpointFile(log_dir / CLEANER_OFFSET_CHECKPOINT).read():
+        return "the broker compacted this partition itself (it is in cleaner-offset-checkpoint)"
+    return None
+
+
+def commit_set(staged: StagedSet, partition_dir: Path) -> None:
+    """Swap a validated set in (caller holds the log dir's ``.lock``), then record its end
+    offset as the partition's ``cleaned-to`` and delete the set."""
+    log = Log.open(partition_dir, LogConfig(**staged.log_config), log_start_offset=staged.log_start_checkpoint)
+    segments = staged_segments(set_dir(partition_dir))
+    try:
+        swap_in(log, segments, staged.replaced)
+    except SwapIncompleteError:
+        raise  # committed: Kafka's start-up (or the next commit's) completes it
+    except BaseException:
+        # Not committed: remove what was linked in (Kafka's start-up would delete it too).
+        for base, kinds in segments:
+            for kind in kinds:
+                with contextlib.suppress(OSError):
+                    os.unlink(partition_dir / file_name(base, kind + CLEANED_SUFFIX))
+        raise
+    finally:
+        for seg in log.segments:  # never Log.close(): it would write to the active segment
+            seg.close()
+    files.atomic_write(area(partition_dir) / CLEANED_TO, b"%d\n" % staged.end_offset)
+    delete_set(partition_dir)
+
+
+@dataclass
+class CommitReport:
+    """What one commit of a log dir did."""
+
+    log_dir: str
+    locked: bool = True
+    """False: the broker (or another process) holds ``.lock``: nothing was done."""
+    committed: list[tuple[str, int]] = field(default_factory=list)
+    """(partition, bytes reclaimed)."""
+    deleted: list[tuple[str, str]] = field(default_factory=list)
+    """(partition, why the set was stale)."""
+    left: list[str] = field(default_factory=list)
+    """Partitions whose valid sets were not reached before the deadline (still staged)."""
+    errors: list[tuple[str, str]] = field(default_factory=list)
+
+    def as_status(self) -> dict[str, Any]:
+        return {
+            "logDir": self.log_dir,
+            "locked": self.locked,
+            "committed": [p for p, _ in self.committed],
+            "bytesReclaimed": sum(b for _, b in self.committed),
+            "deleted": [{"partition": p, "reason": r} for p, r in self.deleted],
+            "timedOut": list(self.left),
+            "errors": [{"partition": p, "message": m} for p, m in self.errors],
+        }
+
+
+def commit_log_dir(log_dir: Path, time: Time, deadline_ns: int) -> CommitReport:
+    """The fenced commit of every staged set in ``log_dir`` (see the module docstring).
+    Takes no lock when nothing is staged. ``deadline_ns`` is on ``time.nanoseconds()``."""
+    report = CommitReport(str(log_dir))
+    staged = staged_partitions(log_dir)
+    if not any((area(p) / SET_DIR).exists() or (area(p) / WORK_DIR).exists() for p in staged.values()):
+        return report
+    lock = LogDirLock(log_dir, remove_created=True)
+    try:
+        lock.acquire()
+    except LogDirLockedError:
+        report.locked = False
+        return report
+    try:
+        for tp, pdir in staged.items():
+            _rmtree(area(pdir) / WORK_DIR)  # an unfinished round is never a set
+            s = load(pdir)
+            if s is None:
+                continue
+            if time.nanoseconds() >= deadline_ns:
+                report.left.append(str(tp))
+                continue
+            try:
+                # What a broker's start-up would do first (an interrupted commit of ours,
+                # the broker's own interrupted clean), done now under the same lock.
+                plan = startup_plan_for(pdir)
+                if not plan.is_empty:
+                    apply_startup_plan(pdir, plan)
+                reason = validate(s, pdir)
+                if reason is not None:
+                    delete_set(pdir)
+                    report.deleted.append((str(tp), reason))
+                    continue
+                commit_set(s, pdir)
+                report.committed.append((str(tp), max(s.source_bytes - s.staged_bytes, 0)))
+            except (KafkaCleanerError, OSError) as e:
+                report.errors.append((str(tp), f"{type(e).__name__}: {e}"))
+    finally:
+        lock.release()
+    return report
+
+
+def _disk(path: Path) -> tuple[int, int]:
+    """(bytes free for unprivileged writers, total bytes) of the file system of ``path``."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def free_ratio(path: Path) -> float:
+    free, total = _disk(path)
+    return free / total if total else 0.0
 
 
 def free_disk_allows(path: Path, needed_bytes: int, min_free_ratio: float) -> bool:
-    st = os.statvfs(path)
-    total = st.f_blocks * st.f_frsize
-    free = st.f_bavail * st.f_frsize
+    """Whether writing ``needed_bytes`` more keeps free space at or above the ratio."""
+    free, total = _disk(path)
     return total > 0 and (free - needed_bytes) / total >= min_free_ratio
+
+
+def evict_for_disk(log_dir: Path, min_free_ratio: float) -> list[tuple[str, int]]:
+    """While free space is below ``min_free_ratio``, delete staged sets, largest first.
+    Returns (partition, bytes) of each deleted set."""
+    gone = []
+    sizes = sorted(((staged_bytes(p), str(tp), p) for tp, p in staged_partitions(log_dir).items()), reverse=True)
+    for size, tp, pdir in sizes:
+        if free_ratio(log_dir) >= min_free_ratio or size == 0:
+            break
+        delete_set(pdir)
+        gone.append((tp, size))
+    return gone

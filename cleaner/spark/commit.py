@@ -2,11 +2,9 @@
 (``Log.replace_segments``, KAFKA_NOTES §9.10), cleaner checkpoints, and the root files of
 an output log dir.
 
-Staged segment files are brought into the partition directory as ``.cleaned`` files (hard
-links where the file system allows: a staged file is never written again), which a broker's
-start-up deletes - invisible until the swap's commit point, the rename of the last
-``.cleaned`` file. All of a partition's new segments go through one ``replace_segments``,
-so a round's groups are committed together.
+Staged segments are swapped in by ``cleaner.storage.staged.swap_in`` (shared with the
+sidecar's stage mode): all of a partition's new segments go through one
+``replace_segments``, so a round's groups are committed together.
 """
 
 from __future__ import annotations
@@ -21,32 +19,12 @@ from cleaner.config import TopicRule
 from cleaner.engine.manager import log_config_for
 from cleaner.storage import files
 from cleaner.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
-from cleaner.storage.loader import offset_of
 from cleaner.storage.lock import LOCK_FILE
 from cleaner.storage.log import Log
 from cleaner.storage.log_dir import LogDirectory
-from cleaner.storage.segment import CLEANED_SUFFIX, LOG_SUFFIX, SEGMENT_FILE_SUFFIXES, LogSegment, file_name
+from cleaner.storage.segment import LOG_SUFFIX, SEGMENT_FILE_SUFFIXES, file_name
+from cleaner.storage.staged import StagedSegment
 from cleaner.storage.topic_partition import TopicPartition
-
-from .staging import link_or_copy
-
-StagedSegment = tuple[int, dict[str, Path]]
-"""A new segment: base offset and, per file kind (``.log``, ``.index``, ...), its staged file."""
-
-
-def staged_segments(directory: Path, bases: Iterable[int] | None = None) -> list[StagedSegment]:
-    """The segments in a staging directory (files named ``<base><kind>`` or
-    ``<base><kind>.cleaned``), optionally only those with the given bases."""
-    wanted = set(bases) if bases is not None else None
-    found: dict[int, dict[str, Path]] = {}
-    for name in sorted(os.listdir(directory)):
-        plain = name[: -len(CLEANED_SUFFIX)] if name.endswith(CLEANED_SUFFIX) else name
-        kind = next((k for k in SEGMENT_FILE_SUFFIXES if plain.endswith(k) and plain.count(".") == 1), None)
-        base = offset_of(plain)
-        if kind is None or base is None or (wanted is not None and base not in wanted):
-            continue
-        found.setdefault(base, {})[kind] = directory / name
-    return sorted(found.items())
 
 
 def open_for_commit(partition_dir: Path, rule: TopicRule, log_start_offset: int | None) -> Log:
@@ -68,32 +46,6 @@ def swap_applied(partition_dir: Path, staged: list[StagedSegment], replaced: Ite
             elif final.exists():
                 return False
     return all(not (partition_dir / file_name(b, LOG_SUFFIX)).exists() for b in set(replaced) - new_bases)
-
-
-def swap_in(log: Log, staged: list[StagedSegment], replaced: Iterable[int]) -> None:
-    """Kafka's swap of the staged segments for the replaced ones, in one
-    ``replace_segments``."""
-    replaced = set(replaced)
-    current = {s.base_offset: s for s in log.segments}
-    missing = sorted(replaced - set(current))
-    if missing:
-        raise FileNotFoundError(f"{log.dir}: segments {missing[:5]} to replace are not in the log")
-    for base, kinds in staged:
-        for kind, src in kinds.items():
-            link_or_copy(src, log.dir / file_name(base, kind + CLEANED_SUFFIX))
-    files.fsync_dir(log.dir)
-    new = [
-        LogSegment(
-            log.dir,
-            base,
-            suffix=CLEANED_SUFFIX,
-            index_interval_bytes=log.config.index_interval_bytes,
-            max_index_size=log.config.segment_index_bytes,
-        )
-        for base, _ in staged
-    ]
-    old = [current[b] for b in sorted(replaced)]
-    log.replace_segments(new, old, expected_generation=log.generation)
 
 
 def update_cleaner_checkpoint(root: str | os.PathLike[str], updates: Mapping[TopicPartition, int]) -> None:

@@ -45,12 +45,11 @@ from cleaner.storage.loader import apply_startup_plan, offset_of, startup_plan_f
 from cleaner.storage.lock import LOCK_FILE, LogDirLock
 from cleaner.storage.log_dir import LogDirectory
 from cleaner.storage.segment import LOG_SUFFIX, SEGMENT_FILE_SUFFIXES, file_name
+from cleaner.storage.staged import staged_segments, swap_in
 
 from .commit import (
     open_for_commit,
-    staged_segments,
     swap_applied,
-    swap_in,
     update_cleaner_checkpoint,
     write_output_root,
 )

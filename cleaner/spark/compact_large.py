@@ -30,12 +30,11 @@ from cleaner.clock import SYSTEM_TIME, FixedTime, Time
 from cleaner.config import Policy
 from cleaner.errors import KafkaCleanerError
 from cleaner.storage.lock import LogDirLock
+from cleaner.storage.staged import staged_segments, swap_in
 
 from .commit import (
     open_for_commit,
-    staged_segments,
     swap_applied,
-    swap_in,
     update_cleaner_checkpoint,
     write_output_root,
 )

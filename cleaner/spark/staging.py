@@ -122,19 +122,6 @@ def finish_attempt(attempt: Path, done: Path) -> bool:
     return True
 
 
-def link_or_copy(src: Path, dst: Path) -> None:
-    """``dst`` with ``src``'s bytes and mtime: a hard link where possible (same file
-    system; the staged file is never written again), else a copy, fsynced."""
-    files.remove(dst)
-    try:
-        files.link(src, dst)
-    except OSError:
-        tmp = dst.with_name(dst.name + files.TMP_SUFFIX)
-        shutil.copy2(src, tmp)
-        files.fsync_file(tmp)
-        files.rename(tmp, dst)
-
-
 def copy_tree(src: Path, dst: Path) -> None:
     """A copy of a directory of regular files with their mtimes (``copy2``), fsynced."""
     dst.mkdir(parents=True, exist_ok=True)

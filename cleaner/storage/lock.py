@@ -39,16 +39,25 @@ def _key(log_dir: PathLike) -> str:
 
 
 class LogDirLock:
-    """Exclusive lock on ``<log_dir>/.lock`` (created if missing, never deleted, like Kafka).
+    """Exclusive lock on ``<log_dir>/.lock`` (created if missing, like Kafka).
 
     Use as a context manager, or ``acquire()`` / ``release()``. Raises ``LogDirLockedError``
     when another process (normally the broker) holds it.
+
+    ``remove_created``: a ``.lock`` this lock created is deleted again before it is released
+    (Kafka's ``FileLock.destroy`` deletes it at a clean shutdown, so a stopped broker's log dir
+    usually has none). A file left behind would belong to this process's uid, and a broker of
+    another uid could not open it read-write, which Kafka does at start-up. Deleting it while
+    still holding the lock is safe: a broker that opened it before waits for the lock, one that
+    opens it after creates a new file.
     """
 
-    def __init__(self, log_dir: PathLike) -> None:
+    def __init__(self, log_dir: PathLike, *, remove_created: bool = False) -> None:
         self.log_dir = os.fspath(log_dir)
         self.path = os.path.join(self.log_dir, LOCK_FILE)
+        self.remove_created = remove_created
         self._fd: int | None = None
+        self._created = False
 
     @property
     def held(self) -> bool:
@@ -63,6 +72,7 @@ class LogDirLock:
                 # Locking again in this process would "succeed" (POSIX locks are per process)
                 # and closing the second descriptor would drop the first lock.
                 raise RuntimeError(f"{self.log_dir} is already locked by this process")
+            created = not os.path.lexists(self.path)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -73,6 +83,7 @@ class LogDirLock:
                 raise
             _held.add(key)
             self._fd = fd
+            self._created = created
         return self
 
     def release(self) -> None:
@@ -81,6 +92,9 @@ class LogDirLock:
         with _held_guard:
             fd, self._fd = self._fd, None
             try:
+                if self.remove_created and self._created:
+                    with contextlib.suppress(OSError):
+                        os.unlink(self.path)
                 with contextlib.suppress(OSError):
                     fcntl.lockf(fd, fcntl.LOCK_UN)
             finally:

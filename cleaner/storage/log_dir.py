@@ -11,6 +11,7 @@ from pathlib import Path
 from cleaner.storage.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
+    OFFSET_CHECKPOINT_FILES,
     RECOVERY_POINT_OFFSET_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
     OffsetCheckpointFile,
@@ -88,3 +89,19 @@ class LogDirectory:
 
     def total_bytes(self) -> int:
         return shutil.disk_usage(self.path).total
+
+
+def is_kafka_log_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether Kafka has used ``path`` as a log dir: its ``meta.properties`` (which every
+    broker writes at its first start), or Kafka's offset checkpoint files next to at least
+    one partition dir (a copied or pre-KRaft log dir). Nothing else is ever scanned, locked
+    or written to: a directory of ``name-N`` subdirectories is not a log dir."""
+    p = Path(path)
+    if not p.is_dir():
+        return False
+    if (p / "meta.properties").is_file():
+        return True
+    if not any((p / name).is_file() for name in OFFSET_CHECKPOINT_FILES):
+        return False
+    with os.scandir(p) as it:
+        return any(e.is_dir(follow_symlinks=False) and parse_partition_dir(e.name) is not None for e in it)

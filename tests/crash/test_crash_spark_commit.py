@@ -1,4 +1,4 @@
-"""The Spark driver's commit (``cleaner.spark.commit.swap_in``): staged segments linked into
+"""The Spark driver's commit (``cleaner.storage.staged.swap_in``): staged segments linked into
 the partition as ``.cleaned`` files, then every new segment of the partition swapped in by
 one ``replace_segments``. Several new segments go through one swap here, so the order of
 the ``.cleaned`` -> ``.swap`` renames decides whether a crash can commit part of the set.
@@ -19,11 +19,11 @@ from test_crash_swap import NOW_MS, log_dir, policy
 
 from cleaner import cleaning
 from cleaner.clock import FixedTime
-from cleaner.spark.commit import staged_segments, swap_in
 from cleaner.storage import files
 from cleaner.storage.loader import offset_of, plan_startup
 from cleaner.storage.log import Log, LogConfig
 from cleaner.storage.segment import LOG_SUFFIX, SEGMENT_FILE_SUFFIXES, file_name
+from cleaner.storage.staged import staged_segments, swap_in
 
 
 def _bases(partition: Path) -> set[int]:

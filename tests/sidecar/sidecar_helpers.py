@@ -47,6 +47,9 @@ NOW_MS = 1_700_000_000_000
 SCAN_MS = 30_000
 """The scan interval of the in-process sidecars (the policy's default reportingSeconds)."""
 SMALL_CLEANER = {"dedupeBufferSize": 4 * 1024 * 1024, "backoffMs": 1_000}
+ALWAYS = {"windows": ["* * * ? * *"]}
+"""``compact``: a maintenance window that never closes (a sidecar next to a broker that is
+stopped and started by hand, or an offline volume)."""
 """Cleaner settings that keep a test fast (Kafka's 128 MiB offset map takes a second to allocate)."""
 
 
@@ -60,6 +63,7 @@ def policy_manifest(
     topics: list[dict[str, Any]] | None = None,
     cleaner: dict[str, Any] | None = None,
     stage: dict[str, Any] | None = None,
+    compact: dict[str, Any] | None = None,
     reporting: dict[str, Any] | None = None,
     paused: bool = False,
 ) -> dict[str, Any]:
@@ -71,6 +75,8 @@ def policy_manifest(
     }
     if stage is not None:
         spec["stage"] = stage
+    if compact is not None:
+        spec["compact"] = compact
     if reporting is not None:
         spec["reporting"] = reporting
     if paused:
@@ -181,6 +187,7 @@ def partition_entry(doc: dict[str, Any], tp: str) -> dict[str, Any] | None:
 
 _LOCK_SCRIPT = r"""
 import fcntl, os, sys
+created = not os.path.lexists(sys.argv[1])
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o666)
 try:
     fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -190,12 +197,18 @@ except OSError:
 print("locked", flush=True)
 if sys.argv[2] == "hold":
     sys.stdin.read()
+    # Kafka's FileLock.destroy at a clean shutdown: unlock, then delete the file.
+    fcntl.lockf(fd, fcntl.LOCK_UN)
+    os.unlink(sys.argv[1])
+elif created:  # a probe leaves the directory as it found it
+    os.unlink(sys.argv[1])
 """
 
 
 class BrokerLock:
     """A child process holding ``<log_dir>/.lock`` with ``lockf`` (what a broker's
-    ``FileChannel.tryLock`` takes), until ``release``."""
+    ``FileChannel.tryLock`` takes), until ``release``, which deletes the file as Kafka's
+    shutdown does (``FileLock.destroy``)."""
 
     def __init__(self, log_dir: Path) -> None:
         self.path = Path(log_dir) / ".lock"
@@ -247,7 +260,8 @@ class SimBroker:
     """Plays the broker on one log dir: appends to the active segments (offsets continue
     from the log end offset), rolls, truncates, deletes segments by retention, and keeps
     ``replication-offset-checkpoint`` (high watermark = log end offset unless told) and
-    ``log-start-offset-checkpoint`` up to date, as a broker's checkpoint threads do.
+    ``log-start-offset-checkpoint`` up to date, as a broker's checkpoint threads do (with
+    Kafka's rule for the latter: no entry after ordinary retention).
 
     The logs are opened once, writable, like a running broker's: a broker does not look
     at ``.swap`` files while it runs, only at its next start."""
@@ -325,7 +339,14 @@ class SimBroker:
     def _checkpoint(self) -> None:
         hw = {tp: self.high_watermarks.get(tp, log.log_end_offset) for tp, log in self.logs.items()}
         OffsetCheckpointFile(self.log_dir / REPLICATION_OFFSET_CHECKPOINT).write(hw)
-        starts = {tp: log.log_start_offset for tp, log in self.logs.items() if log.log_start_offset > 0}
+        # Kafka's checkpointLogStartOffsetsInDir (3.9 and 4.x): an entry only for a log whose
+        # start is above its first segment (DeleteRecords) or with remote storage. Ordinary
+        # retention deletes whole segments and writes no entry.
+        starts = {
+            tp: log.log_start_offset
+            for tp, log in self.logs.items()
+            if log.segments and log.log_start_offset > log.segments[0].base_offset
+        }
         OffsetCheckpointFile(self.log_dir / LOG_START_OFFSET_CHECKPOINT).write(starts)
 
     def start(self) -> None:
@@ -367,14 +388,30 @@ _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 class SidecarProcess:
     """``kafka-cleaner sidecar`` as the operator runs it, on a free loopback port."""
 
-    def __init__(self, policy: Path, log_dirs: Iterable[str | Path], *extra: str, log_file: Path) -> None:
+    def __init__(
+        self,
+        policy: Path,
+        log_dirs: Iterable[str | Path],
+        *extra: str,
+        log_file: Path,
+        user: int | None = None,
+        group: int | None = None,
+    ) -> None:
         args = [str(KAFKA_CLEANER), "sidecar", "--policy", str(policy), "--listen", "127.0.0.1:0"]
         for d in log_dirs:
             args += ["--log-dir", str(d)]
         args += ["--broker-name", "kafka-0", *extra]
         self.log_file = log_file
         self._log = open(log_file, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            user=user,
+            group=group,
+            extra_groups=[] if user is not None else None,
+        )
         self.port = self._wait_for_port()
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -436,9 +473,14 @@ class SidecarProcess:
 
 @contextlib.contextmanager
 def sidecar_process(
-    policy: Path, log_dirs: Iterable[str | Path], *extra: str, log_file: Path
+    policy: Path,
+    log_dirs: Iterable[str | Path],
+    *extra: str,
+    log_file: Path,
+    user: int | None = None,
+    group: int | None = None,
 ) -> Iterator[SidecarProcess]:
-    proc = SidecarProcess(policy, log_dirs, *extra, log_file=log_file)
+    proc = SidecarProcess(policy, log_dirs, *extra, log_file=log_file, user=user, group=group)
     try:
         yield proc
     finally:

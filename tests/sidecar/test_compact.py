@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kafka_logs import consumer_view, leftover_files, snapshot_dir
 from sidecar_helpers import (
+    ALWAYS,
     BrokerLock,
     SimBroker,
     finish_pass,
@@ -45,7 +46,7 @@ def test_compact_waits_for_the_broker_cleans_between_its_runs(tmp_path: Path, ma
     data = make_log_dir(topics=1, partitions=2, records=4_000, keys=150, transactions=0.1, idempotent=True)
     twin = tmp_path / "twin"  # the same broker life, never cleaned: the reference for the data
     shutil.copytree(data, twin)
-    policy = write_policy(tmp_path / "policy.yaml", mode="compact", topics=EAGER)
+    policy = write_policy(tmp_path / "policy.yaml", mode="compact", topics=EAGER, compact=ALWAYS)
     sc = new_sidecar(policy, [data], scan_ms=1_000)
 
     for run in range(3):
@@ -77,7 +78,7 @@ def test_compact_waits_for_the_broker_cleans_between_its_runs(tmp_path: Path, ma
         assert not lock_is_free_for_another_process(data), "cleaning without holding the lock"
         finish_pass(sc)
         doc = status_of(sc)
-        assert doc["cleaner"]["state"] == "observing"
+        assert doc["cleaner"]["state"] == "idle"
         assert lock_is_free_for_another_process(data), "the lock is still held between passes"
         assert leftover_files(data) == []
         assert _log_bytes(data) < size
@@ -97,7 +98,7 @@ def test_compact_never_touches_a_log_dir_the_broker_holds(tmp_path: Path, make_l
     free = make_log_dir("free", topics=1, partitions=2, topic_prefix="orders")  # a partition lives in one dir
     free_views = _views(free)
     policy = write_policy(
-        tmp_path / "policy.yaml", mode="compact", topics=[{"match": ".*", "cleanupPolicy": "compact"}]
+        tmp_path / "policy.yaml", mode="compact", topics=[{"match": ".*", "cleanupPolicy": "compact"}], compact=ALWAYS
     )
     with BrokerLock(held):
         before = snapshot_dir(held)
@@ -127,11 +128,11 @@ def test_pause_releases_the_locks(tmp_path: Path, make_log_dir) -> None:
     """``spec.paused`` stops the cleaning and gives the log dirs back: a paused sidecar must
     not keep a broker from starting."""
     data = make_log_dir(topics=1, partitions=1)
-    policy = write_policy(tmp_path / "policy.yaml", mode="compact")
+    policy = write_policy(tmp_path / "policy.yaml", mode="compact", compact=ALWAYS)
     sc = new_sidecar(policy, [data], scan_ms=1_000)
     sc.tick()  # a pass starts and holds the lock
     assert not lock_is_free_for_another_process(data)
-    write_policy(policy, mode="compact", paused=True, generation=2)
+    write_policy(policy, mode="compact", paused=True, generation=2, compact=ALWAYS)
     doc = next_scan(sc, 2_000)
     assert doc["cleaner"]["state"] == "paused"
     assert lock_is_free_for_another_process(data)

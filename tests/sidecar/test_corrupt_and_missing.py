@@ -4,12 +4,13 @@ picked up again when it comes back."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
 import pytest
 from kafka_logs import consumer_view, snapshot_dir
-from sidecar_helpers import finish_pass, new_sidecar, next_scan, partition_entry, status_of, write_policy
+from sidecar_helpers import ALWAYS, finish_pass, new_sidecar, next_scan, partition_entry, status_of, write_policy
 
 from cleaner.records.scan import scan_batches
 from cleaner.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
@@ -107,7 +108,12 @@ def test_a_log_dir_that_disappears_and_comes_back(tmp_path: Path, make_log_dir, 
     two = make_log_dir("two", topics=1, partitions=2, topic_prefix="orders")
     backup = tmp_path / "backup"
     shutil.copytree(two, backup)
-    policy = write_policy(tmp_path / "policy.yaml", mode=mode, topics=[{"match": ".*", "cleanupPolicy": "compact"}])
+    policy = write_policy(
+        tmp_path / "policy.yaml",
+        mode=mode,
+        topics=[{"match": ".*", "cleanupPolicy": "compact"}],
+        compact=ALWAYS if mode == "compact" else None,
+    )
     sc = new_sidecar(policy, [one, two], scan_ms=1_000)
     sc.tick()
     if mode == "compact":
@@ -141,16 +147,39 @@ def test_a_log_dir_that_disappears_and_comes_back(tmp_path: Path, make_log_dir, 
         }
 
 
-def test_a_pattern_that_matches_nothing_yet(tmp_path: Path, make_log_dir) -> None:
+def test_a_pattern_that_matches_nothing_yet(tmp_path: Path, make_log_dir, caplog: pytest.LogCaptureFixture) -> None:
     """Strimzi's ``kafka-log<id>``: the operator passes ``kafka-log*`` and the broker creates
-    the directory after the sidecar started."""
+    the directory after the sidecar started. Until then the sidecar is not ready, and says
+    why in /status and in its log; a directory the broker has not initialised yet (no
+    meta.properties) is no log dir."""
     pattern = str(tmp_path / "kafka-log*")
+    (tmp_path / "kafka-log0").mkdir()  # created, not yet initialised by the broker
     sc = new_sidecar(write_policy(tmp_path / "policy.yaml"), [pattern])
-    sc.tick()
+    with caplog.at_level(logging.WARNING, logger="cleaner.sidecar"):
+        sc.tick()
     doc = status_of(sc)
-    assert doc["logDirs"] == [] and doc["scannedAt"] is not None
-    assert any(pattern in e["message"] and "does not exist" in e["message"] for e in doc["errors"])
+    assert doc["logDirs"] == [] and doc["scannedAt"] is not None and not sc.ready
+    assert any(pattern in e["message"] and "matches no Kafka log dir" in e["message"] for e in doc["errors"])
+    assert any(pattern in r.getMessage() and "matches no Kafka log dir" in r.getMessage() for r in caplog.records)
+    assert list((tmp_path / "kafka-log0").iterdir()) == [], "something was written into a directory that is no log dir"
+    (tmp_path / "kafka-log0").rmdir()
     created = make_log_dir("kafka-log0", topics=1, partitions=1)
     doc = next_scan(sc)
+    assert sc.ready
     assert [d["path"] for d in doc["logDirs"]] == [str(created)] and doc["logDirs"][0]["partitions"] == 1
     assert len(doc["partitions"]) == 1
+
+
+def test_a_wildcard_matches_only_kafka_log_dirs(tmp_path: Path, make_log_dir) -> None:
+    """``kafka-log*`` next to a backup and a non-Kafka tree of ``name-N`` directories: only
+    the log dir is scanned, and nothing is written anywhere else."""
+    log_dir = make_log_dir("kafka-log0", topics=1, partitions=1)
+    lookalike = tmp_path / "kafka-logs-not-kafka"
+    (lookalike / "dbus-1").mkdir(parents=True)
+    (lookalike / "polkit-1").mkdir()
+    before = snapshot_dir(lookalike)
+    sc = new_sidecar(write_policy(tmp_path / "policy.yaml"), [str(tmp_path / "kafka-log*")])
+    sc.tick()
+    doc = status_of(sc)
+    assert [d["path"] for d in doc["logDirs"]] == [str(log_dir)]
+    assert snapshot_dir(lookalike) == before and sorted(p.name for p in lookalike.iterdir()) == ["dbus-1", "polkit-1"]

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from sidecar_helpers import ConfigMapMount, finish_pass, new_sidecar, next_scan, status_of
+from sidecar_helpers import ALWAYS, ConfigMapMount, finish_pass, new_sidecar, next_scan, status_of
 
 from cleaner.engine.cleaner import Cleaner
 from cleaner.sidecar import service
@@ -83,7 +83,7 @@ def test_a_mode_change_switches_the_controller(tmp_path: Path, make_log_dir) -> 
     sc.tick()
     assert type(sc._controller) is service._Controller and status_of(sc)["mode"] == "observe"
 
-    mount.update(mode="compact", generation=2)
+    mount.update(mode="compact", generation=2, compact=ALWAYS)
     doc = next_scan(sc, POLL_MS)
     assert type(sc._controller) is service._CompactController
     assert doc["mode"] == "compact" and doc["cleaner"]["state"] == "cleaning"
@@ -104,7 +104,8 @@ def test_stage_mode_rebuilds_its_cleaner_on_new_settings(tmp_path: Path, make_lo
     data = make_log_dir(topics=1, partitions=2)
     mount = ConfigMapMount(tmp_path / "policy", mode="stage", generation=1)
     sc = new_sidecar(mount.path, [data])
-    sc.tick()
+    sc.tick()  # the start-up gate
+    next_scan(sc)  # the first round
     first = sc._controller._cleaner
     assert first is not None
     mount.update(mode="stage", generation=2, cleaner={"dedupeBufferSize": 2 * 1024 * 1024})

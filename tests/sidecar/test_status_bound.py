@@ -111,6 +111,7 @@ def test_ten_thousand_partition_dirs_through_the_sidecar(tmp_path: Path) -> None
     """10,000 real (empty) partition directories scanned by the sidecar."""
     data = tmp_path / "data"
     data.mkdir()
+    (data / "meta.properties").write_text("version=1\nnode.id=1\ncluster.id=test\n")
     for t in range(100):
         for p in range(100):
             (data / f"topic-{t:03d}-{'y' * 150}-{p}").mkdir()

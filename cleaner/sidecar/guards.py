@@ -1,0 +1,146 @@
+"""Partitions stage mode refuses, each with the reason ``/status`` and ``status`` report.
+
+Nothing is written for a refused partition:
+
+- ``__cluster_metadata``: the KRaft metadata log is the controller's, never a topic's.
+- the broker compacts it itself: it is in the log dir's ``cleaner-offset-checkpoint`` (the
+  broker's cleaner cleaned it at least once), or the cluster's own topic config (the KRaft
+  metadata on this disk, ``cleaner.effective_config``) says ``compact``, which the broker's
+  cleaner acts on (``log.cleaner.enable`` is true by default). Two cleaners on one
+  partition would fight over the same ``.cleaned`` names and commit stale work.
+- tiered logs: ``remote.storage.enable=true``, or a ``log-start-offset-checkpoint`` entry at
+  or below the first local segment (Kafka writes an entry only when the log start is above
+  the first segment, or for a log with remote storage). A merged segment would be uploaded
+  again from its base, and remote storage would hold overlapping segments.
+
+- files the broker could not open: the sidecar's uid is not the owner of the segments and
+  what it writes would not get the owner's group (``stage.uid_refusal``).
+
+Free disk is guarded where staging happens (``stage.free_disk_allows``,
+``stage.evict_for_disk``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cleaner.clock import SYSTEM_TIME
+from cleaner.config import Policy
+from cleaner.engine.manager import LogCleanerManager, ManagedLog
+from cleaner.storage.cluster_metadata import METADATA_TOPIC
+from cleaner.storage.log_dir import LogDirectory
+from cleaner.storage.topic_partition import TopicPartition
+
+from . import stage
+from .stage import uid_refusal
+
+
+def stage_refusal(
+    managed: ManagedLog,
+    *,
+    cleaner_checkpoint: Mapping[TopicPartition, int],
+    log_start_checkpoint: Mapping[TopicPartition, int],
+) -> str | None:
+    """Why stage mode must not touch this partition, or None."""
+    tp = managed.topic_partition
+    if tp.topic == METADATA_TOPIC:
+        return "the KRaft metadata log (__cluster_metadata) is never staged"
+    if tp in cleaner_checkpoint:
+        return "the broker compacts this partition itself (it is in cleaner-offset-checkpoint)"
+    config = managed.config
+    if config is not None and config.remote_storage:
+        return "tiered storage (remote.storage.enable=true): a merged segment would be uploaded again"
+    segments = managed.log.segments
+    start = log_start_checkpoint.get(tp)
+    if start is not None and segments and start <= segments[0].base_offset:
+        return (
+            f"a tiered log: log-start-offset-checkpoint holds {start}, at or below the first local segment "
+            f"{segments[0].base_offset} (Kafka writes such an entry only for remote storage)"
+        )
+    if config is not None and config.cluster_compacts:
+        return (
+            "the cluster's topic config says cleanup.policy=compact: the broker's own cleaner compacts it "
+            "(log.cleaner.enable defaults to true)"
+        )
+    return None
+
+
+def refusals(logs: Mapping[TopicPartition, ManagedLog]) -> dict[tuple[Path, TopicPartition], str]:
+    """Every compacted partition of ``logs`` that stage mode refuses, with the reason."""
+    out: dict[tuple[Path, TopicPartition], str] = {}
+    checkpoints: dict[Path, tuple[dict[TopicPartition, int], dict[TopicPartition, int]]] = {}
+    for tp, managed in logs.items():
+        if not managed.compacted:
+            continue
+        d = managed.log_dir.path
+        if d not in checkpoints:
+            checkpoints[d] = (managed.log_dir.cleaner_checkpoint.read(), managed.log_dir.log_start_offsets())
+        cleaned, starts = checkpoints[d]
+        why = stage_refusal(managed, cleaner_checkpoint=cleaned, log_start_checkpoint=starts)
+        if why is None:
+            try:
+                why = uid_refusal(managed.log.dir)
+            except OSError as e:
+                why = f"cannot tell who owns the partition's files: {e}"
+        if why is not None:
+            out[(d, tp)] = why
+    return out
+
+
+def stage_report(log_dirs: list[Path], policy: Policy) -> list[dict[str, Any]]:
+    """One entry per compacted partition (and per stray staged set): its stage state."""
+    manager = LogCleanerManager(
+        [LogDirectory(d, read_only=True, may_stage=True) for d in log_dirs],
+        policy,
+        SYSTEM_TIME,
+        write_checkpoints=False,
+    )
+    logs = manager.logs()
+    refused = refusals(logs)
+    out = []
+    seen = set()
+    for tp, managed in sorted(logs.items(), key=lambda kv: str(kv[0])):
+        if not managed.compacted:
+            continue
+        key = (managed.log_dir.path, tp)
+        seen.add(key)
+        entry: dict[str, Any] = {"partition": str(tp), "logDir": str(managed.log_dir.path)}
+        staged = stage.load(managed.log.dir)
+        if staged is not None:
+            why = stage.validate(staged, managed.log.dir)
+            entry.update(
+                state="staged" if why is None else "stale",
+                reason=why,
+                baseOffset=staged.base_offset,
+                nextOffset=staged.next_offset,
+                stagedBytes=staged.staged_bytes,
+                sourceBytes=staged.source_bytes,
+            )
+        elif key in refused:
+            entry.update(state="refused", reason=refused[key])
+        else:
+            entry.update(state="none", reason=None)
+        out.append(entry)
+    for d in log_dirs:
+        for tp, pdir in stage.staged_partitions(d).items():
+            if (d, tp) not in seen and stage.load(pdir) is not None:
+                out.append(
+                    {
+                        "partition": str(tp),
+                        "logDir": str(d),
+                        "state": "orphaned",
+                        "reason": "the policy does not stage this topic: the sidecar deletes the set",
+                    }
+                )
+    return out
+
+
+def refusal_lines(log_dirs: list[Path], policy: Policy) -> list[str]:
+    """What ``kafka-cleaner status`` prints under its table for a stage-mode policy."""
+    return [
+        f"{e['partition']}: {e['state']}" + (f" ({e['reason']})" if e.get("reason") else "")
+        for e in stage_report(log_dirs, policy)
+        if e["state"] != "none"
+    ]

@@ -1,0 +1,104 @@
+"""``kafka-cleaner stage``: stage mode's sets by hand.
+
+- ``status``: per compacted partition, its staged set (valid now, or why stale) or why
+  stage mode refuses it. Read-only.
+- ``commit``: the sidecar's fenced commit (``stage.commit_log_dir``), for a broker run
+  without Kubernetes (e.g. systemd's ``ExecStartPre`` of the broker unit). Exit 4 when a
+  broker holds a log dir's ``.lock``.
+- ``discard``: delete everything kafka-cleaner keeps in the partition dirs (what deleting a
+  stage-mode policy does). Safe next to a running broker: it never reads the stage areas.
+
+Each command accepts only Kafka log dirs (``is_kafka_log_dir``), and exits 2 on anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from cleaner.clock import SYSTEM_TIME
+from cleaner.commands import EXIT_LOCKED, EXIT_OK, EXIT_USAGE, load_policy_or_exit
+from cleaner.storage.log_dir import is_kafka_log_dir
+
+from . import stage
+from .guards import stage_report
+
+
+def _log_dirs_or_exit(paths: tuple[Path, ...]) -> list[Path]:
+    bad = [p for p in paths if not is_kafka_log_dir(p)]
+    for p in bad:
+        click.echo(f"kafka-cleaner: {p} is not a Kafka log dir (no meta.properties, no checkpoints)", err=True)
+    if bad:
+        sys.exit(EXIT_USAGE)
+    return [p.absolute() for p in paths]
+
+
+@click.group("stage")
+def stage_group() -> None:
+    """Stage mode's staged sets: status, commit (broker stopped), discard."""
+
+
+@stage_group.command("status")
+@click.argument("log_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--policy", "policy_path", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+def status_command(log_dirs: tuple[Path, ...], policy_path: Path, as_json: bool) -> None:
+    """Per compacted partition: staged (valid now), stale (why), refused (why) or none."""
+    policy = load_policy_or_exit(policy_path)
+    report = stage_report(_log_dirs_or_exit(log_dirs), policy)
+    if as_json:
+        click.echo(json.dumps({"partitions": report}, indent=2))
+        return
+    for e in report:
+        extra = f"  [{e['baseOffset']}, {e['nextOffset']}) {e['stagedBytes']} bytes" if "baseOffset" in e else ""
+        click.echo(f"{e['partition']}\t{e['state']}{extra}" + (f"\t{e['reason']}" if e.get("reason") else ""))
+
+
+@stage_group.command("commit")
+@click.argument("log_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--max-seconds",
+    type=click.IntRange(min=0),
+    default=60,
+    show_default=True,
+    help="Sets not reached by then stay staged.",
+)
+def commit_command(log_dirs: tuple[Path, ...], max_seconds: int) -> None:
+    """Commit every valid staged set under the log dir's .lock (the broker must be stopped;
+    a stale set is deleted). Exit 4 if a broker holds a log dir."""
+    dirs = _log_dirs_or_exit(log_dirs)
+    deadline = SYSTEM_TIME.nanoseconds() + max_seconds * 1_000_000_000
+    code = EXIT_OK
+    for d in dirs:
+        report = stage.commit_log_dir(d, SYSTEM_TIME, deadline)
+        if not report.locked:
+            click.echo(f"kafka-cleaner: a broker holds {d}/.lock: nothing committed there", err=True)
+            code = EXIT_LOCKED
+            continue
+        for tp, why in report.deleted:
+            click.echo(f"{tp}: stale set deleted: {why}")
+        for tp, message in report.errors:
+            click.echo(f"{tp}: commit failed: {message}", err=True)
+        for tp in report.left:
+            click.echo(f"{tp}: --max-seconds ran out; the set stays staged")
+        reclaimed = sum(b for _, b in report.committed)
+        click.echo(
+            f"{d}: committed {len(report.committed)} set(s), {reclaimed} bytes reclaimed; "
+            f"deleted {len(report.deleted)} stale set(s)"
+        )
+    sys.exit(code)
+
+
+@stage_group.command("discard")
+@click.argument("log_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+def discard_command(log_dirs: tuple[Path, ...]) -> None:
+    """Delete every staged set and stage area (a deleted stage-mode policy). Safe while the
+    broker runs."""
+    for d in _log_dirs_or_exit(log_dirs):
+        gone = stage.staged_partitions(d)
+        for pdir in gone.values():
+            stage.delete_area(pdir)
+        click.echo(f"{d}: removed the stage areas of {len(gone)} partition(s)")

@@ -1,0 +1,290 @@
+"""A real single-node Apache Kafka broker (KRaft, combined mode) for stage mode's tests, from
+the jars ``make setup`` resolves into ``.tools/kafka/<version>/libs``.
+
+A stopgap until the project's shared broker fixture (``tests/kafka/broker.py``, issue 9)
+lands: it should replace this module. Kept small: start, stop (SIGTERM or SIGKILL), restart
+on the same dirs, produce and consume with kafka-python, and the broker's log.
+
+The data log dir and the metadata log dir are separate by default (``metadata.log.dir``):
+a sidecar given only the data dir then does not see the cluster's topic configs, as with a
+broker whose metadata lives on another volume. The broker's own cleaner is off by default
+(``log.cleaner.enable=false``): stage mode is for partitions the broker does not compact.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+KAFKA_LINES = ("4.3.1", "3.9.2")
+
+
+def libs(line: str) -> Path:
+    return REPO / ".tools" / "kafka" / line / "libs"
+
+
+def available(line: str) -> bool:
+    return (libs(line).parent / ".complete").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_LOG4J2 = """status = error
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = OUT
+"""
+_RELOAD4J = """log4j.rootLogger=INFO, out
+log4j.appender.out=org.apache.log4j.ConsoleAppender
+log4j.appender.out.layout=org.apache.log4j.PatternLayout
+log4j.appender.out.layout.ConversionPattern=[%d] %p %m (%c)%n
+"""
+
+
+class RealBroker:
+    def __init__(
+        self,
+        root: Path,
+        line: str,
+        *,
+        separate_metadata: bool = True,
+        cleaner_enable: bool = False,
+        extra: dict[str, str] | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.line = line
+        self.log_dir = self.root / "kafka-logs"
+        self.metadata_dir = self.root / "metadata" if separate_metadata else self.log_dir
+        self.port, self.controller_port = _free_port(), _free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.config = self.root / "server.properties"
+        self.log_file = self.root / "broker.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self.log_dir),
+            "metadata.log.dir": str(self.metadata_dir),
+            "offsets.topic.replication.factor": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "min.insync.replicas": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "log.cleaner.enable": str(cleaner_enable).lower(),
+            "log.cleaner.backoff.ms": "500",
+            "log.retention.check.interval.ms": "500",
+            "log.initial.task.delay.ms": "500",
+            "log.flush.offset.checkpoint.interval.ms": "500",
+            "log.flush.start.offset.checkpoint.interval.ms": "500",
+            "replica.high.watermark.checkpoint.interval.ms": "500",
+            "num.partitions": "1",
+            **(extra or {}),
+        }
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._write_config()
+        self._format()
+
+    def _write_config(self) -> None:
+        self.config.write_text("".join(f"{k}={v}\n" for k, v in self.settings.items()))
+        logging_file = self.root / ("log4j.properties" if self.line.startswith("3.") else "log4j2.properties")
+        logging_file.write_text(_RELOAD4J if self.line.startswith("3.") else _LOG4J2)
+
+    def _java(self, main: str, *args: str) -> list[str]:
+        logging_file = self.root / ("log4j.properties" if self.line.startswith("3.") else "log4j2.properties")
+        logging = (
+            f"-Dlog4j.configuration=file:{logging_file}"
+            if self.line.startswith("3.")
+            else f"-Dlog4j2.configurationFile={logging_file}"
+        )
+        return [
+            "java",
+            "-Xmx512m",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-Xshare:auto",
+            logging,
+            "-cp",
+            f"{libs(self.line)}/*",
+            main,
+            *args,
+        ]
+
+    def _format(self) -> None:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        out = subprocess.run(
+            self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.config)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+
+    def reconfigure(self, **settings: str) -> None:
+        """New broker settings, from the next start (the broker must be stopped)."""
+        assert self.proc is None
+        self.settings.update({k.replace("_", "."): v for k, v in settings.items()})
+        self._write_config()
+
+    # -- running ---------------------------------------------------------------------------
+    def start(self, *, wait: bool = True, timeout_s: float = 90.0) -> RealBroker:
+        assert self.proc is None, "already running"
+        self._log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
+        log = open(self.log_file, "ab")  # noqa: SIM115 - the child writes it; closed at once here
+        try:
+            self.proc = subprocess.Popen(
+                self._java("kafka.Kafka", str(self.config)), stdout=log, stderr=subprocess.STDOUT
+            )
+        finally:
+            log.close()
+        if wait:
+            self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the broker exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if "Kafka Server started" in self.log_since_start():
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"the broker did not start within {timeout_s} s:\n{self.log_tail()}")
+
+    def exited(self, timeout_s: float) -> int | None:
+        """The broker's exit code if it exits within ``timeout_s`` (a start that failed)."""
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+        self.proc = None
+        return code
+
+    def stop(self, *, kill: bool = False, timeout_s: float = 60.0) -> None:
+        """SIGTERM (a clean shutdown) or SIGKILL; by pid, and always waited for."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"the broker did not stop within {timeout_s} s:\n{self.log_tail()}") from None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    # -- the log -----------------------------------------------------------------------------
+    def log_text(self) -> str:
+        return self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
+
+    def log_since_start(self) -> str:
+        with open(self.log_file, "rb") as f:
+            f.seek(getattr(self, "_log_offset", 0))
+            return f.read().decode(errors="replace")
+
+    def log_tail(self, n: int = 6000) -> str:
+        return self.log_text()[-n:]
+
+    def problems(self, words: Iterable[str]) -> list[str]:
+        """ERROR/WARN lines of the log since the last start that mention any of ``words``."""
+        return [
+            line
+            for line in self.log_since_start().splitlines()
+            if ("ERROR" in line or "WARN" in line) and any(w in line for w in words)
+        ]
+
+    # -- clients -----------------------------------------------------------------------------
+    def create_topic(self, name: str, partitions: int, configs: dict[str, str]) -> None:
+        from kafka.admin import KafkaAdminClient, NewTopic
+
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=30_000)
+        try:
+            admin.create_topics([NewTopic(name, partitions, 1, topic_configs=configs)])
+        finally:
+            admin.close()
+
+    def produce(self, topic: str, records: Iterable[tuple[int, bytes, bytes | None]]) -> None:
+        """(partition, key, value) records, acks=all, flushed."""
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=5, batch_size=16_384)
+        try:
+            for partition, key, value in records:
+                producer.send(topic, key=key, value=value, partition=partition)
+            producer.flush(60)
+        finally:
+            producer.close(10)
+
+    def consume(self, topic: str, partitions: int) -> dict[int, dict[bytes, bytes | None]]:
+        """Per partition, every key's latest value (None: a tombstone) as a consumer reading
+        from the earliest offset to the end sees it."""
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(
+            bootstrap_servers=self.bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+        )
+        try:
+            tps = [TopicPartition(topic, p) for p in range(partitions)]
+            consumer.assign(tps)
+            consumer.seek_to_beginning(*tps)
+            ends = consumer.end_offsets(tps)
+            out: dict[int, dict[bytes, bytes | None]] = {p: {} for p in range(partitions)}
+            deadline = time.monotonic() + 60
+            while any(consumer.position(tp) < ends[tp] for tp in tps):
+                assert time.monotonic() < deadline, "the consumer did not reach the end offsets"
+                for tp, messages in consumer.poll(timeout_ms=500).items():
+                    for m in messages:
+                        out[tp.partition][m.key] = m.value
+            return out
+        finally:
+            consumer.close()
+
+    def offsets(self, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
+        """Per partition, (earliest, latest) offsets (ListOffsets)."""
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap)
+        try:
+            tps = [TopicPartition(topic, p) for p in range(partitions)]
+            first, last = consumer.beginning_offsets(tps), consumer.end_offsets(tps)
+            return {tp.partition: (first[tp], last[tp]) for tp in tps}
+        finally:
+            consumer.close()
+
+
+def partition_files(log_dir: Path, topic: str) -> dict[str, dict[str, int]]:
+    """Per partition dir of ``topic``: its regular files and their sizes (what Kafka loads)."""
+    out = {}
+    for pdir in sorted(log_dir.glob(f"{topic}-*")):
+        out[pdir.name] = {e.name: e.stat().st_size for e in os.scandir(pdir) if e.is_file()}
+    return out
