@@ -53,6 +53,7 @@ from typing import Any, TypeVar
 import yaml
 
 from cleaner.errors import PolicyError
+from cleaner.storage.topic_partition import METADATA_TOPIC
 from cleaner.windows import CRON_PATTERN, CronError, parse_cron
 
 __all__ = [
@@ -988,7 +989,11 @@ class Policy(_Model):
     policy_generation: int | None = field(default=None, compare=False)
 
     def rule_for(self, topic: str) -> TopicRule | None:
-        """The first rule whose ``match`` matches the whole topic name; None: never touch it."""
+        """The first rule whose ``match`` matches the whole topic name; None: never touch it.
+        ``__cluster_metadata`` matches no rule, whatever its regex (Kafka's LogManager does
+        not manage the metadata log either)."""
+        if topic == METADATA_TOPIC:
+            return None
         for rule in self.topics:
             if rule.pattern.fullmatch(topic) is not None:
                 return rule

@@ -20,12 +20,6 @@ contiguous byte runs. Python loops over batches only where Kafka's rules are seq
 Decisions where Kafka's behaviour left a choice, each safe in the direction of keeping
 data:
 
-- Besides the round's last batch (KAFKA-17076), the last batch of every *group* is kept
-  (as an empty header if nothing of it survives). Kafka's swap recovery deletes old
-  files only in [new base, new next offset): a crash between the swap's commit and the
-  renaming of the old segments would otherwise leave a group's trailing old segments on
-  disk - including records a tombstone removed in this very round (a resurrection). This
-  is KAFKA_NOTES §14 step 8's "optional hardening".
 - Legacy (v0/v1) batches are rewritten as v2, as Kafka 4.0 does (KAFKA-13093).
 """
 
@@ -33,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -412,7 +407,6 @@ class Cleaner:
         else:
             cleaned = cleaned_segment(rnd.cleaned_dir, group[0].base_offset, the_log.config, source_bytes)
         transactions.cleaned_index = cleaned.txn_index
-        group_end = _group_next_offset(group)
         try:
             for i, segment in enumerate(group):
                 upper = group[i + 1].base_offset if i + 1 < len(group) else segment.read_next_offset()
@@ -427,7 +421,8 @@ class Cleaner:
                     "retaining" if retain_legacy_deletes else "discarding",
                 )
                 try:
-                    self._clean_into(rnd, segment, cleaned, transactions, retain_legacy_deletes, group_end)
+                    mapped_from = _first_mapped_offset(segment, ltc.first_dirty_offset, upper)
+                    self._clean_into(rnd, segment, cleaned, transactions, retain_legacy_deletes, mapped_from)
                 except LogSegmentOffsetOverflowError:
                     # §9.9: a source segment whose own offsets overflow (written by an old
                     # broker) is split, and the round is retried on the split segments.
@@ -470,12 +465,12 @@ class Cleaner:
         cleaned: LogSegment,
         transactions: CleanedTransactionMetadata,
         retain_legacy_deletes: bool,
-        group_end: int,
+        mapped_from: int,
     ) -> None:
         ltc = rnd.ltc
         for chunk in self._chunks(source, 0, ltc.log.config.max_message_bytes):
             self.check_done(ltc.topic_partition)
-            output = self._filter_chunk(rnd, chunk, transactions, retain_legacy_deletes, group_end)
+            output = self._filter_chunk(rnd, chunk, transactions, retain_legacy_deletes, mapped_from)
             rnd.stats.bytes_read += int(chunk.sizes.sum())
             if output:
                 data = b"".join(output)
@@ -490,7 +485,7 @@ class Cleaner:
         chunk: Batches,
         transactions: CleanedTransactionMetadata,
         retain_legacy_deletes: bool,
-        group_end: int,
+        mapped_from: int,
     ) -> list[bytes | memoryview]:
         """Kafka's ``MemoryRecords.filterTo`` with the cleaner's filter, for a whole chunk."""
         ltc, now, stats, lookup = rnd.ltc, rnd.now, rnd.stats, rnd.lookup
@@ -507,7 +502,10 @@ class Cleaner:
         discard_records = np.where(is_control, can_discard & has_horizon & (horizon <= now), can_discard)
         last_of_producer = _is_last_of_active_producer(chunk, ltc.active_producers)
         next_offsets = chunk.next_offsets
-        retain_empty = last_of_producer | (next_offsets == ltc.first_uncleanable_offset) | (next_offsets == group_end)
+        # Kafka keeps an emptied batch only for an active producer's last batch or at the
+        # round's end (KAFKA-17076: the batch ending at the first uncleanable offset), so
+        # that the next round's first dirty offset still has a batch to start from.
+        retain_empty = last_of_producer | (next_offsets == ltc.first_uncleanable_offset)
         delete = ~retain_empty & discard_records
         marker_for_empty_txn = can_discard & is_control
 
@@ -519,7 +517,7 @@ class Cleaner:
             row_batch = v2_rows[columns.batch]
             keep_rows, invalid = _retained_rows(
                 lookup,
-                ltc.first_dirty_offset,
+                mapped_from,
                 columns,
                 row_batch,
                 is_control,
@@ -630,7 +628,7 @@ class Cleaner:
 
 def _retained_rows(
     lookup: OffsetLookup,
-    first_dirty: int,
+    mapped_from: int,
     columns: RecordColumns,
     row_batch: np.ndarray,
     is_control: np.ndarray,
@@ -650,12 +648,13 @@ def _retained_rows(
     if rows.size:
         row_offsets = offsets[rows]
         is_latest = np.empty(rows.size, dtype=bool)
-        # A keyed record of a non-transactional batch in the dirty section (and at most the
-        # latest offset) was certainly put in the map: it is the latest for its key iff its
-        # offset is a map value, no hashing needed. Transactional batches are looked up by
-        # key: the map build may have skipped them as aborted where the rewrite does not
-        # (it starts at the offset-index position, §9.2). So are the clean tail's records.
-        seen = (row_offsets >= first_dirty) & ~transactional[row_batch[rows]]
+        # A keyed record of a non-transactional batch the map build read (from
+        # ``mapped_from`` up to the latest offset) was certainly put in the map: it is the
+        # latest for its key iff its offset is a map value, no hashing needed. Every other
+        # record is looked up by key, as Kafka does (a key the map lacks is kept): the clean
+        # tail's, transactional batches' (the map build may have skipped them as aborted
+        # where the rewrite does not, §9.2), and any the map build never read.
+        seen = (row_offsets >= mapped_from) & ~transactional[row_batch[rows]]
         if seen.any():
             is_latest[seen] = lookup.is_latest_many(row_offsets[seen])
         tail = np.flatnonzero(~seen)
@@ -784,12 +783,19 @@ def _is_last_of_active_producer(chunk: Batches, active: dict[int, ActiveProducer
     return out
 
 
-def _group_next_offset(group: list[LogSegment]) -> int:
-    """The next offset after the group's last batch (-1 if the group holds no batch)."""
-    for segment in reversed(group):
-        if segment.size:
-            return segment.read_next_offset()
-    return -1
+def _first_mapped_offset(segment: LogSegment, first_dirty: int, upper: int) -> int:
+    """The first offset of ``segment`` (whose offsets end before ``upper``) the map build
+    read: it starts at the offset index's position for the first dirty offset, as
+    ``_map_segment`` does. Normally that batch holds the first dirty offset or precedes it;
+    an index entry that points past it (a damaged or foreign index) leaves records the map
+    never saw, which must not be judged by the map's values."""
+    if upper <= first_dirty or segment.base_offset >= first_dirty:
+        return first_dirty  # the clean tail (never mapped), or a segment read from its start
+    position = segment.lookup_position(first_dirty)
+    header = segment.read(position, 8) if position < segment.size else b""
+    if len(header) < 8:
+        return sys.maxsize  # nothing read: every record is looked up by key
+    return max(first_dirty, int.from_bytes(header, "big", signed=True))
 
 
 def _legacy_as_v2(chunk: Batches, i: int, kept: list[Record], horizon_ms: int | None) -> bytes:

@@ -2,7 +2,6 @@
 
 Nothing is written for a refused partition:
 
-- ``__cluster_metadata``: the KRaft metadata log is the controller's, never a topic's.
 - the broker compacts it itself: it is in the log dir's ``cleaner-offset-checkpoint`` (the
   broker's cleaner cleaned it at least once), or the cluster's own topic config (the KRaft
   metadata on this disk, ``cleaner.effective_config``) says ``compact``, which the broker's
@@ -29,7 +28,6 @@ from typing import Any
 from cleaner.clock import SYSTEM_TIME
 from cleaner.config import Policy
 from cleaner.engine.manager import LogCleanerManager, ManagedLog
-from cleaner.storage.cluster_metadata import METADATA_TOPIC
 from cleaner.storage.log_dir import LogDirectory
 from cleaner.storage.topic_partition import TopicPartition
 
@@ -45,8 +43,6 @@ def stage_refusal(
 ) -> str | None:
     """Why stage mode must not touch this partition, or None."""
     tp = managed.topic_partition
-    if tp.topic == METADATA_TOPIC:
-        return "the KRaft metadata log (__cluster_metadata) is never staged"
     if tp in cleaner_checkpoint:
         return "the broker compacts this partition itself (it is in cleaner-offset-checkpoint)"
     config = managed.config

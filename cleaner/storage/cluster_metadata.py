@@ -37,8 +37,8 @@ from cleaner.errors import CorruptDataError, CorruptRecordError
 from cleaner.records.columns import decode_records
 from cleaner.records.varint import decode_unsigned_varint
 from cleaner.storage.segment import iter_file_batches
+from cleaner.storage.topic_partition import METADATA_TOPIC
 
-METADATA_TOPIC = "__cluster_metadata"
 METADATA_PARTITION_DIR = f"{METADATA_TOPIC}-0"
 
 TOPIC_RECORD = 2

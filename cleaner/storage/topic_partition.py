@@ -5,6 +5,10 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+METADATA_TOPIC = "__cluster_metadata"
+"""The KRaft metadata log: the controller's, not a topic. Kafka's LogManager never loads it,
+so no cleaner, stage or policy ever touches it (snapshots keep it short)."""
+
 # LogManager/UnifiedLog: "<topic>-<partition>" plus, for directories that must not be
 # cleaned, ".<uuid>-delete", ".<uuid>-future" or ".<uuid>-stray".
 _SPECIAL_DIR = re.compile(r"^(?P<tp>.+)\.[0-9a-f]{32}-(?P<kind>delete|future|stray)$")

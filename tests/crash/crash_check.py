@@ -8,7 +8,9 @@ Kafka's start-up rules (``kafka_startup``, independent of the project's loader):
 - offsets strictly increase through the log: no offset twice, none out of order;
 - the log is, record for record, one of the operation's versions: the log before it, after
   it, or after one of its ``Log.replace_segments`` (a clean swaps group after group); a
-  crash never leaves part of a swap (atomicity);
+  crash never leaves part of a swap (atomicity), except what Kafka's own swap recovery
+  leaves past the commit point: the whole new set with some of the group's old segments
+  past it, which a consumer reads the same as the new log;
 - once a crash leaves the new log even with only the durable names and bytes on disk, every
   later crash does too: nothing committed is lost;
 - when the operation returns, the new log is durable, and final: no ``.swap`` or
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crash_recorder import CrashState, Model, Recording, crash_states, record
-from kafka_startup import Loaded, Rec, start_up
+from kafka_startup import Loaded, Rec, next_offset, offset_from_file, start_up
 
 from cleaner.storage.log import Log
 
@@ -51,6 +53,54 @@ def _summary(records: list[Rec]) -> str:
     return f"{len(records)} records, offsets {records[0].offset}..{records[-1].offset}"
 
 
+def _latest_values(records: list[Rec]) -> dict[bytes | None, bytes]:
+    """What a consumer of the compacted topic ends with: each key's latest value, a
+    tombstone taking the key away."""
+    latest: dict[bytes | None, bytes] = {}
+    for r in records:
+        if r.control:
+            continue
+        if r.value is None:
+            latest.pop(r.key, None)
+        else:
+            latest[r.key] = r.value
+    return latest
+
+
+def _set_end(before: dict[str, bytes], after: dict[str, bytes]) -> int:
+    """The next offset after the segments ``after`` holds that ``before`` did not."""
+    ends = [
+        next_offset(data, offset_from_file(name))
+        for name, data in after.items()
+        if name.endswith(".log") and before.get(name) != data
+    ]
+    return max(ends, default=-1)
+
+
+def _kafkas_partial_swap(records: list[Rec], before: list[Rec], after: list[Rec], set_end: int) -> bool:
+    """Whether ``records`` is what Kafka's own swap recovery leaves after a crash past the
+    commit point of ``before`` -> ``after`` (whose new segments end at ``set_end``): it
+    deletes the old files only in [new base, new next offset), so old segments of the
+    group past the new ones may stay, any of them (their deletions reach the disk in any
+    order). That is the new log below some offset X at or past ``set_end`` - exactly, so
+    never part of a set - then old records from X on; and it reads the same to a consumer
+    (each key's latest value) as the new log. The cleaner checkpoint has not moved, so
+    the next clean redoes the work. Kafka's own cleaner leaves such states."""
+    common = 0
+    for mine, new in zip(records, after, strict=False):
+        if mine != new:
+            break
+        common += 1
+    if common == len(records):
+        return False  # a strict prefix of the new log: records lost, not a partial swap
+    split = records[common].offset
+    if split < set_end or (common < len(after) and after[common].offset < split):
+        return False  # part of the new set, or a record of the new log below X, missing
+    old = iter(r for r in before if r.offset >= split)
+    from_old = all(any(r == o for o in old) for r in records[common:])  # a subsequence
+    return from_old and _latest_values(records) == _latest_values(after)
+
+
 @functools.lru_cache(maxsize=4096)
 def _start_up(image: tuple[tuple[str, bytes], ...]) -> Loaded:
     """Many crash states are the same tree: judge each once."""
@@ -72,16 +122,23 @@ class LogCheck:
 
     partition: str
     versions: list[list[Rec]]
+    set_ends: list[int]
+    """For each version after the first: the next offset of the segments its swap wrote."""
 
     @classmethod
     def of(cls, recording: Recording, partition: str) -> LogCheck:
         points = [0, *(s.number for s in recording.steps if s.call == "version")]
         versions: list[list[Rec]] = []
+        set_ends: list[int] = []
+        previous: dict[str, bytes] = {}
         for k in points:
-            records = start_up(written_tree(recording, k, partition)).records
+            tree = written_tree(recording, k, partition)
+            records = start_up(tree).records
             if not versions or versions[-1] != records:
                 versions.append(records)
-        return cls(partition, versions)
+                set_ends.append(_set_end(previous, tree))
+            previous = tree
+        return cls(partition, versions, set_ends)
 
     def outcome(self, state: CrashState, at_least: int) -> tuple[int, str | None]:
         """(index of the version the crash left, or -1, and the problem)."""
@@ -94,6 +151,12 @@ class LogCheck:
             return -1, problem
         records = loaded.records
         matches = [i for i, v in enumerate(self.versions) if v == records]
+        if not matches:
+            matches = [
+                i
+                for i in range(len(self.versions) - 1)
+                if _kafkas_partial_swap(records, *self.versions[i : i + 2], self.set_ends[i + 1])
+            ]
         if not matches:
             versions = ", ".join(_summary(v) for v in self.versions)
             return -1, (

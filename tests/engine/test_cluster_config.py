@@ -116,3 +116,20 @@ def test_unreadable_metadata_leaves_the_policy_standing(tmp_path: Path) -> None:
     statuses = cleaning.status([tmp_path], POLICY, MockTime(NOW))
     (status,) = [s for s in statuses if s.report.topic_partition == TP]
     assert status.as_dict()["clusterConfig"] is False
+
+
+def test_the_metadata_log_is_never_cleaned_nor_listed_whatever_the_policy_matches(tmp_path: Path) -> None:
+    """Issue 9, defect 3: ``__cluster_metadata`` is the controller's log, not a topic's;
+    Kafka's LogManager never loads it, and a ``.*`` rule does not make it one."""
+    _log_with_a_tombstone(tmp_path)
+    _metadata(tmp_path, delete_retention_ms=0)
+    metadata = tmp_path / "__cluster_metadata-0"
+    before = {p.name: p.read_bytes() for p in metadata.iterdir()}
+    everything = parse_policy(
+        {"mode": "compact", "topics": [{"match": ".*", "cleanupPolicy": "compact", "minCleanableDirtyRatio": 0.01}]}
+    )
+    assert everything.rule_for("__cluster_metadata") is None
+    cleaning.clean([tmp_path], everything, MockTime(NOW))
+    assert {p.name: p.read_bytes() for p in metadata.iterdir()} == before
+    listed = [s.as_dict()["topic"] for s in cleaning.status([tmp_path], everything, MockTime(NOW))]
+    assert listed == [TP.topic]

@@ -8,9 +8,7 @@ re-encoding rules of §9.8 (``check_output_rules``: CRC, v2 only, record timesta
 unchanged, 61-byte empty headers, base/max timestamps). What is on disk is read with a
 peer decoder (aiokafka), never with the project's own.
 
-The expected values are derived by hand from the specification; where the engine made a
-documented choice the specification allows (the last batch of every *group* kept as an
-empty header, §14 step 8's "optional hardening"), the test says so.
+The expected values are derived by hand from the specification and Kafka's code.
 """
 
 from __future__ import annotations
@@ -227,6 +225,26 @@ def test_partial_clean_one_key_at_a_time(partition_dir: Path) -> None:
     assert_output_rules(partition_dir, w.written)
 
 
+def test_records_the_map_build_never_read_are_judged_by_key(partition_dir: Path) -> None:
+    """Issue 9, defect 2. The map build starts at the offset index's position for the first
+    dirty offset. An index entry that points past it (here: "offset 1" at batch 3's
+    position) leaves records 1 and 2 unread; Kafka keeps them, their keys being absent
+    from the map, where judging them by the map's values would drop them."""
+    w = LogWriter(partition_dir)
+    for key in (b"a", b"b", b"c", b"a"):  # 0..3
+        w.data([key])
+    w.roll()
+    w.data([b"z"])  # 4, active
+    w.close()
+    sizes = [len(w.written.batches[base]) for base in range(3)]
+    index = partition_dir / "00000000000000000000.index"
+    index.write_bytes(struct.pack(">ii", 1, sum(sizes)))
+
+    clean_round(partition_dir, first_dirty=1)
+
+    assert layout(partition_dir)[0] == [D(1, 1, kv(1, b"b")), D(2, 2, kv(2, b"c")), D(3, 3, kv(3, b"a"))]
+
+
 def test_map_full_in_the_middle_of_a_batch(partition_dir: Path) -> None:
     """The map fills on the third key of a batch: latestOffset is the last *put*, so the
     round ends mid-batch; records past it are kept untouched, and the next round starts
@@ -392,11 +410,10 @@ def test_empty_segments_are_merged_whatever_their_offset_span(partition_dir: Pat
     assert raw_batches(partition_dir) == w.written.batches
 
 
-def test_last_batch_of_every_group_is_kept_empty(partition_dir: Path) -> None:
-    """The engine's documented hardening (KAFKA_NOTES §14 step 8, "optional hardening",
-    not what Kafka does): the last batch of each segment *group* is kept as an empty header
-    even when it is not the round's last batch, so a crash after the swap's commit cannot
-    leave the group's old trailing segments behind."""
+def test_an_emptied_batch_at_a_group_end_goes_as_in_kafka(partition_dir: Path) -> None:
+    """Kafka keeps an emptied batch only for an active producer's last batch or at the
+    round's end (KAFKA-17076), not at the end of every segment *group*: a group's last batch
+    that loses all its records goes (issue 9, defect 1), the round's last one stays."""
     probe = _single_batch_segments(partition_dir.parent / "probe-0", 1, LogConfig())
     size = len(next(iter(probe.written.batches.values())))
     probe.close()
@@ -413,7 +430,7 @@ def test_last_batch_of_every_group_is_kept_empty(partition_dir: Path) -> None:
     clean_round(partition_dir, first_dirty=0, config=config)
 
     assert layout(partition_dir) == {
-        0: [D(0, 0, kv(0, b"a")), E(1, 1)],
+        0: [D(0, 0, kv(0, b"a"))],
         2: [D(2, 2, kv(2, b"c")), D(3, 3, kv(3, b"b"))],
         4: [D(4, 4, kv(4, b"z"))],
     }
@@ -1749,7 +1766,7 @@ def test_round_ends_where_offsets_no_longer_fit_the_map(partition_dir: Path) -> 
     end, _ = clean_round(partition_dir, first_dirty=end)
     assert end == 2**32 + 1
     assert layout(partition_dir) == {
-        0: [E(0, 0)],
+        0: [],  # its own group (offsets too far apart to merge): emptied, as Kafka leaves it
         2**32: [D(2**32, 2**32, kv(2**32, b"a"))],
         2**32 + 1: [D(2**32 + 1, 2**32 + 1, kv(2**32 + 1, b"z"))],
     }

@@ -13,9 +13,7 @@ horizon and header fields, or a 61-byte empty header; and the same txn-index ent
 The model reads the input the way the specification describes it (facts that are part
 of the input: batches, file sizes, offset-index entries, txn-index entries) and applies
 §9.2 (offset map), §9.3 (grouping), §9.5-§9.7 (retention, transactions) and §9.8
-(re-encoding) one record and one batch at a time, with no cleverness. It includes the
-engine's one documented deviation the specification allows (§14 step 8: the last batch
-of every segment group is kept as an empty header).
+(re-encoding) one record and one batch at a time, with no cleverness.
 
 Not modelled: legacy v0/v1 input (see the conformance tests), offset overflow, the
 offset-map's 32-bit range limit (offsets stay small here).
@@ -264,8 +262,6 @@ def model_round(
 
     for g in group_segments(to_clean, config.segment_bytes, config.segment_index_bytes, first_uncleanable):
         txn.index = []
-        in_group = [b for s in g for b in s.batches]
-        group_end = in_group[-1].last_offset + 1 if in_group else -1
         kept: list[Expected] = []
         for i, s in enumerate(g):
             upper = g[i + 1].base_offset if i + 1 < len(g) else s.next_offset
@@ -286,7 +282,6 @@ def model_round(
                 retain_empty = (
                     (b.producer_id > -1 and last_of_producer)
                     or b.last_offset + 1 == first_uncleanable  # KAFKA-17076
-                    or b.last_offset + 1 == group_end  # the engine's hardening (§14 step 8)
                 )
                 if discard and not retain_empty:
                     continue

@@ -14,8 +14,6 @@ Deliberate deviations (README, "How it maps to Kafka") are pinned by their own t
 - the offset map holds more keys per round for the same ``dedupeBufferSize`` (so where a round
   ends differs; with an equal key capacity the outputs are identical);
 - a rewritten snappy batch is recompressed by another snappy implementation than Kafka's.
-The group-end rule (issue 9, defect 1) is the one other difference: strict xfails until the
-engine follows Kafka's rule.
 
 Cost: each Kafka run is a JVM start (~1-2 s with the test JVM flags); 36 cases, ~75 s for both lines on 2 cores.
 """
@@ -55,14 +53,6 @@ pytestmark = pytest.mark.slow
 
 NOW_MS = 1_700_000_000_000
 DAY_MS = 86_400_000
-
-GROUP_END_RULE = pytest.mark.xfail(
-    strict=True,
-    reason="issue 9 defect 1 (group-end rule): kafka-cleaner keeps the last batch of every segment group as an "
-    "empty batch, Kafka only the batch ending at the first uncleanable offset; fixed in cleaner/engine by the "
-    "engine helper",
-)
-
 
 @pytest.fixture(params=KAFKA_LINES)
 def kafka_version(request: pytest.FixtureRequest) -> str:
@@ -158,14 +148,14 @@ SHAPES = {
 }
 
 
-# (shape, seed): the cases where the group-end rule keeps an empty batch Kafka drops.
+# (shape, seed): every shape twice, with different random data.
 GENERATED_CASES = [
-    pytest.param("mixed", 1, marks=GROUP_END_RULE),
-    pytest.param("mixed", 2),
-    pytest.param("offsets-like", 1, marks=GROUP_END_RULE),
-    pytest.param("offsets-like", 2, marks=GROUP_END_RULE),
-    pytest.param("transactions-across-segments", 1, marks=GROUP_END_RULE),
-    pytest.param("transactions-across-segments", 2, marks=GROUP_END_RULE),
+    ("mixed", 1),
+    ("mixed", 2),
+    ("offsets-like", 1),
+    ("offsets-like", 2),
+    ("transactions-across-segments", 1),
+    ("transactions-across-segments", 2),
 ]
 
 
@@ -193,7 +183,6 @@ def aborted_transactions_across_segments(root: Path, codecs: tuple[int, ...]) ->
     return source
 
 
-@GROUP_END_RULE
 def test_aborted_transactions_across_segments(tmp_path: Path, kafka_version: str) -> None:
     codecs = (CompressionType.NONE, CompressionType.GZIP, CompressionType.LZ4, CompressionType.ZSTD)
     source = aborted_transactions_across_segments(tmp_path, codecs)
@@ -255,7 +244,6 @@ def test_deviation_offset_map_holds_more_keys_per_round(tmp_path: Path, kafka_ve
         assert latest_values(partition) == latest_values(kafka / partition.name)
 
 
-@GROUP_END_RULE
 @pytest.mark.parametrize("after_horizon", [False, True])
 def test_tombstones_and_markers_before_and_after_their_horizon(
     tmp_path: Path, kafka_version: str, after_horizon: bool

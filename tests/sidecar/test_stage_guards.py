@@ -1,5 +1,5 @@
 """What stage mode refuses, each with its reason in ``/status``, and nothing written for it:
-a partition the broker compacts itself, a tiered log, ``__cluster_metadata``, files the
+a partition the broker compacts itself, a tiered log (``__cluster_metadata`` is never considered), files the
 broker's uid could not open, and disk pressure (which also deletes the largest staged sets
 first)."""
 
@@ -45,7 +45,7 @@ def _refused(doc: dict) -> dict[str, str]:
     return {f"{r['topic']}-{r['partition']}": r["reason"] for r in doc["stage"]["refused"]}
 
 
-def test_broker_compacted_tiered_and_metadata_partitions_are_refused(tmp_path: Path, make_log_dir) -> None:
+def test_broker_compacted_and_tiered_refused_metadata_never_considered(tmp_path: Path, make_log_dir) -> None:
     data = make_log_dir(**GENERATED)
     compacted, tiered, free = (TopicPartition("topic-0", p) for p in range(3))
     OffsetCheckpointFile(data / CLEANER_OFFSET_CHECKPOINT).write({compacted: 50})
@@ -59,8 +59,8 @@ def test_broker_compacted_tiered_and_metadata_partitions_are_refused(tmp_path: P
         refused = _refused(doc)
         assert "cleaner-offset-checkpoint" in refused[str(compacted)]
         assert "tiered" in refused[str(tiered)]
-        assert "__cluster_metadata" in refused["__cluster_metadata-0"]
-        assert str(free) not in refused and doc["stage"]["refusedPartitions"] == 3
+        assert "__cluster_metadata-0" not in refused, "the metadata log is never even considered"
+        assert str(free) not in refused and doc["stage"]["refusedPartitions"] == 2
         assert _areas(data) == {free.dir_name}, "something was written for a refused partition"
         assert stage.load(data / free.dir_name) is not None
 
