@@ -135,7 +135,10 @@ def new_sidecar(
     policy: Path, log_dirs: Iterable[str | Path], clock: MockTime | None = None, *, scan_ms: int = SCAN_MS
 ) -> Sidecar:
     return Sidecar(
-        SidecarOptions(policy, [str(d) for d in log_dirs], broker_name="kafka-0", scan_interval_ms=scan_ms),
+        # A free loopback port: the default 9410 would collide between parallel tests.
+        SidecarOptions(
+            policy, [str(d) for d in log_dirs], broker_name="kafka-0", scan_interval_ms=scan_ms, listen=("127.0.0.1", 0)
+        ),
         clock or MockTime(NOW_MS),
     )
 

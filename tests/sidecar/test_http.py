@@ -26,7 +26,6 @@ def test_endpoints_in_process(tmp_path: Path, make_log_dir) -> None:
     data = make_log_dir(topics=1, partitions=2)
     policy_path = tmp_path / "policy.yaml"  # not there yet
     sc = new_sidecar(policy_path, [data])
-    sc.options.listen = ("127.0.0.1", 0)
     host, port = sc.serve()
     url = f"http://{host}:{port}"
     try:
@@ -96,7 +95,6 @@ def test_per_partition_series_only_where_a_rule_asks_and_capped(tmp_path: Path, 
         {"match": "topic-.*", "cleanupPolicy": "compact"},
     ]
     sc = new_sidecar(write_policy(tmp_path / "p.yaml", topics=topics, reporting={"maxPartitionSeries": 1}), [data])
-    sc.options.listen = ("127.0.0.1", 0)
     host, port = sc.serve()
     try:
         sc.tick()
