@@ -135,14 +135,15 @@ class PartitionStatus:
                 self.oldest_tombstone_age_ms / 1000.0 if self.oldest_tombstone_age_ms is not None else None
             ),
             "pendingStartup": r.pending_startup,
-            "lsoHolder": self._lso_holder(),
+            "lsoHolder": self.lso_holder_view(),
             "clusterConfig": r.cluster_config,
             "configSources": r.config_sources,
             "configNotes": r.config_notes,
-            "nextClean": self._next_clean(),
+            "nextClean": self.next_clean_view(),
         }
 
-    def _next_clean(self) -> dict | None:
+    def next_clean_view(self) -> dict | None:
+        """``nextClean`` of ``status --json`` and the sidecar's ``/status``."""
         e = self.next_clean
         if e is None:
             return None
@@ -155,7 +156,8 @@ class PartitionStatus:
             "onePassDedupeBufferSize": e.one_pass_dedupe_buffer_size,
         }
 
-    def _lso_holder(self) -> dict | None:
+    def lso_holder_view(self) -> dict | None:
+        """``lsoHolder``: the open transaction that pins the last stable offset, if any."""
         holder = self.report.lso_holder
         if holder is None:
             return None
@@ -209,11 +211,11 @@ def _next_clean(
 ) -> NextCleanEstimate | None:
     if not report.compacted or report.reason == "uncleanable" or report.cleanable_bytes == 0:
         return None
-    shape = section_shape(managed.log, report.first_dirty_offset, report.first_uncleanable_offset)
-    known = cache.get(report.topic_partition, shape)
-    if known is not None:
-        return known
-    try:
+    try:  # a live broker may delete or roll segments under the scan
+        shape = section_shape(managed.log, report.first_dirty_offset, report.first_uncleanable_offset)
+        known = cache.get(report.topic_partition, shape)
+        if known is not None:
+            return known
         estimate = estimate_next_clean(
             managed.log,
             report.first_dirty_offset,

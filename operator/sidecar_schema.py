@@ -106,6 +106,13 @@ SCHEMA: dict[str, Any] = {
                     "maxDirtyRatio": _RATIO,
                     "tombstones": _COUNT,
                     "oldestTombstoneAgeSeconds": {"type": ["number", "null"], "minimum": 0},
+                    "nextCleanFreedBytes": _BYTES | {"description": "Estimated bytes the next clean frees."},
+                    "kafkaPasses": _COUNT | {
+                        "description": "Most cleaning passes Kafka's cleaner needs for one partition's dirty section."
+                    },
+                    "onePassDedupeBufferSize": _BYTES | {
+                        "description": "log.cleaner.dedupe.buffer.size that cleans every partition in one pass."
+                    },
                 },
             },
         },
@@ -127,6 +134,32 @@ SCHEMA: dict[str, Any] = {
                                "description": "Why the partition is (or is not) eligible for cleaning."},
                     "lastCleanedAt": _RFC3339_OR_NULL,
                     "uncleanableReason": {"type": ["string", "null"]},
+                    "lsoHolder": {
+                        "type": ["object", "null"],
+                        "description": "The open transaction that pins the last stable offset (status's lsoHolder).",
+                        "required": ["producerId", "producerEpoch", "firstOffset", "startTimestampMs", "ageSeconds"],
+                        "properties": {
+                            "producerId": {"type": "integer"},
+                            "producerEpoch": {"type": "integer"},
+                            "firstOffset": {"type": "integer"},
+                            "startTimestampMs": {"type": ["integer", "null"]},
+                            "ageSeconds": {"type": ["number", "null"], "minimum": 0},
+                        },
+                    },
+                    "nextClean": {
+                        "type": ["object", "null"],
+                        "description": "What the next clean would meet (status's nextClean); null if not estimated.",
+                        "required": ["dirtyRecords", "dirtyDistinctKeys", "bytesFreed", "kafkaPasses", "passes",
+                                     "onePassDedupeBufferSize"],
+                        "properties": {
+                            "dirtyRecords": _COUNT,
+                            "dirtyDistinctKeys": _COUNT,
+                            "bytesFreed": _BYTES,
+                            "kafkaPasses": _COUNT,
+                            "passes": _COUNT,
+                            "onePassDedupeBufferSize": _BYTES,
+                        },
+                    },
                 },
             },
         },

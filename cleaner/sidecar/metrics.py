@@ -155,6 +155,15 @@ class _LogCollector(Collector):
             "topic_clean_bytes": ("Bytes already cleaned", "clean_bytes"),
             "topic_tombstones": ("Tombstones on disk", "tombstones"),
             "topic_staged_bytes": ("Staged bytes awaiting a commit (start-up gate, termination)", "staged_bytes"),
+            "topic_next_clean_freed_bytes": ("Bytes the next clean is estimated to free", "next_clean_freed_bytes"),
+            "topic_kafka_cleaning_passes": (
+                "Most passes Kafka's cleaner needs over one partition's dirty section with this dedupe buffer",
+                "kafka_passes",
+            ),
+            "topic_one_pass_dedupe_buffer_bytes": (
+                "log.cleaner.dedupe.buffer.size with which Kafka cleans each partition in one pass",
+                "one_pass_dedupe_buffer_size",
+            ),
         }
         families = {
             name: GaugeMetricFamily(PREFIX + name, doc, labels=["topic"]) for name, (doc, _) in per_topic.items()
@@ -177,7 +186,26 @@ class _LogCollector(Collector):
         yield from families.values()
         yield age
         yield dirty_ts
+        yield self._lso_holders(snap)
         yield from self._partition_series(snap)
+
+    @staticmethod
+    def _lso_holders(snap: ScanSnapshot) -> Metric:
+        """One series per partition whose last stable offset an open transaction pins (few:
+        a hanging transaction is the exception), for the KafkaCleanerHangingTransaction alert."""
+        holders = GaugeMetricFamily(
+            PREFIX + "lso_holder_age_seconds",
+            "Age of the open transaction that pins the partition's last stable offset",
+            labels=["topic", "partition", "producer_id", "producer_epoch"],
+        )
+        for s in snap.statuses:
+            holder = s.lso_holder_view()
+            if holder is None or holder["ageSeconds"] is None:
+                continue
+            tp = s.report.topic_partition
+            labels = [tp.topic, str(tp.partition), str(holder["producerId"]), str(holder["producerEpoch"])]
+            holders.add_metric(labels, holder["ageSeconds"])
+        return holders
 
     def _partition_series(self, snap: ScanSnapshot) -> Iterator[Metric]:
         ratio = GaugeMetricFamily(

@@ -61,6 +61,9 @@ class TopicSummary:
     oldest_tombstone_age_ms: int | None = None
     oldest_dirty_timestamp_ms: int | None = None
     staged_bytes: int = 0
+    next_clean_freed_bytes: int = 0
+    kafka_passes: int = 0
+    one_pass_dedupe_buffer_size: int = 0
 
     def as_status(self) -> dict[str, Any]:
         return {
@@ -74,6 +77,9 @@ class TopicSummary:
             "oldestTombstoneAgeSeconds": (
                 None if self.oldest_tombstone_age_ms is None else self.oldest_tombstone_age_ms / 1000.0
             ),
+            "nextCleanFreedBytes": self.next_clean_freed_bytes,
+            "kafkaPasses": self.kafka_passes,
+            "onePassDedupeBufferSize": self.one_pass_dedupe_buffer_size,
         }
 
 
@@ -99,6 +105,12 @@ class ScanSnapshot:
             t.staged_bytes += self.staged_bytes.get(r.topic_partition, 0)
             if s.facts is not None:
                 t.tombstones += s.facts.tombstones
+            if s.next_clean is not None:
+                t.next_clean_freed_bytes += s.next_clean.bytes_freed
+                t.kafka_passes = max(t.kafka_passes, s.next_clean.kafka_passes)
+                t.one_pass_dedupe_buffer_size = max(
+                    t.one_pass_dedupe_buffer_size, s.next_clean.one_pass_dedupe_buffer_size
+                )
             age = s.oldest_tombstone_age_ms
             if age is not None:
                 t.oldest_tombstone_age_ms = max(t.oldest_tombstone_age_ms or 0, age)
@@ -131,6 +143,8 @@ def partition_entry(status: PartitionStatus, last_cleaned_at_ms: int | None) -> 
         "reason": reason,
         "lastCleanedAt": rfc3339(last_cleaned_at_ms),
         "uncleanableReason": _capped(r.uncleanable_reason),
+        "lsoHolder": status.lso_holder_view(),
+        "nextClean": status.next_clean_view(),
     }
 
 
@@ -151,7 +165,13 @@ def build_status(
     top = ranked[:top_partitions]
     chosen = {s.report.topic_partition for s in top}
     uncleanable = [s for s in ranked if s.report.reason == "uncleanable" and s.report.topic_partition not in chosen]
-    partitions = [partition_entry(s, last_cleaned_at.get(s.report.topic_partition)) for s in top + uncleanable]
+    chosen |= {s.report.topic_partition for s in uncleanable}
+    # A partition an open transaction pins is listed too: it is the answer to "why is
+    # nothing cleaned" even when its ratio ranks it low.
+    pinned = [s for s in ranked if s.report.lso_holder is not None and s.report.topic_partition not in chosen]
+    partitions = [
+        partition_entry(s, last_cleaned_at.get(s.report.topic_partition)) for s in top + uncleanable + pinned
+    ]
     topics = [t.as_status() for t in snapshot.topics()] if snapshot else []
     doc: dict[str, Any] = {
         "version": STATUS_VERSION,
@@ -199,12 +219,14 @@ def _bounded(doc: dict[str, Any], keep_partitions: int) -> dict[str, Any]:
     if _size(doc) <= MAX_STATUS_BYTES:
         return doc
     total = {"topics": len(doc["topics"]), "partitions": len(doc["partitions"])}
+    # Room for the "truncated" counts added at the end (each at most its total).
+    limit = MAX_STATUS_BYTES - len(json.dumps({"truncated": total}, separators=(",", ":")))
     for key, floor in (("partitions", keep_partitions), ("topics", 0), ("errors", 1), ("partitions", 0)):
         items = doc[key]
         if key == "errors":  # the newest stays: cut the oldest first
-            while len(doc[key]) > floor and _size(doc) > MAX_STATUS_BYTES:
+            while len(doc[key]) > floor and _size(doc) > limit:
                 doc[key] = doc[key][1:]
-            if _size(doc) <= MAX_STATUS_BYTES:
+            if _size(doc) <= limit:
                 break
             continue
         lo, hi = min(floor, len(items)), len(items)
@@ -212,14 +234,14 @@ def _bounded(doc: dict[str, Any], keep_partitions: int) -> dict[str, Any]:
         while lo < hi:
             mid = (lo + hi + 1) // 2
             doc[key] = items[:mid]
-            if _size(doc) <= MAX_STATUS_BYTES:
+            if _size(doc) <= limit:
                 lo = mid
             else:
                 hi = mid - 1
         doc[key] = items[:lo]
-        if _size(doc) <= MAX_STATUS_BYTES:
+        if _size(doc) <= limit:
             break
-    while _size(doc) > MAX_STATUS_BYTES and doc["errors"]:
+    while _size(doc) > limit and doc["errors"]:
         doc["errors"] = doc["errors"][1:]
     doc["truncated"] = {k: total[k] - len(doc[k]) for k in total}
     return doc

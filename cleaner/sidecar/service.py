@@ -55,6 +55,7 @@ from cleaner.config import Mode, Policy
 from cleaner.engine.cleaner import Cleaner
 from cleaner.engine.log_cleaner import CleanResult, LogCleaner
 from cleaner.engine.manager import LogCleanerManager, ManagedLog
+from cleaner.engine.next_clean import NextCleanCache
 from cleaner.engine.offset_map import OffsetMap
 from cleaner.engine.throttler import Throttler
 from cleaner.errors import KafkaCleanerError, LogDirLockedError, ThreadShutdownError
@@ -173,6 +174,7 @@ class Sidecar:
         self.policy: Policy | None = None
         self.log_dirs: list[Path] = []
         self.facts = ScanFactsCache()
+        self.next_clean = NextCleanCache()
         self.errors: deque[_Error] = deque(maxlen=20)
         self.snapshot: ScanSnapshot | None = None
         self.state = _State()
@@ -342,6 +344,10 @@ class Sidecar:
                 facts_cache=self.facts,
                 manager=observer,
                 throttle=throttle,
+                # The estimate reads every record of the cleanable section (throttled like
+                # the scan). In observe mode that is the point; in compact and stage modes it
+                # would hold up the cleaning it predicts, whose own figures then answer.
+                next_clean=self.next_clean if policy.mode == Mode.OBSERVE else None,
             )
         except (KafkaCleanerError, OSError) as e:
             self._error(None, None, f"scan failed: {e}")

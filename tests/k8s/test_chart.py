@@ -357,7 +357,8 @@ def test_alert_rules_pass_promtool(helm_template: Render, tmp_path: pathlib.Path
     assert result.returncode == 0, result.stdout + result.stderr
     names = {r["alert"] for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"]}
     assert {"KafkaCleanerDeadThreads", "KafkaCleanerUncleanablePartitions", "KafkaCleanerNotRunning",
-            "KafkaCleanerCompactionDelay", "KafkaCleanerReportsStale", "KafkaCleanerSidecarDown"} <= names
+            "KafkaCleanerCompactionDelay", "KafkaCleanerReportsStale", "KafkaCleanerSidecarDown",
+            "KafkaCleanerHangingTransaction"} <= names
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
@@ -375,6 +376,10 @@ def test_alerts_fire_on_the_sidecar_metrics(helm_template: Render, tmp_path: pat
             {"series": f"kafka_cleaner_time_since_last_run_seconds{{{pod}}}", "values": "90000x30"},
             {"series": f"kafka_cleaner_max_compaction_delay_seconds{{{pod}}}", "values": "0x30"},
             {"series": 'kafka_cleaner_operator_stale_brokers{namespace="kafka",policy="offsets"}', "values": "1x10"},
+            {"series": f'kafka_cleaner_lso_holder_age_seconds{{{pod},topic="orders",partition="3",'
+                       f'producer_id="4001",producer_epoch="2"}}', "values": "600+60x20"},
+            {"series": f'kafka_cleaner_lso_holder_age_seconds{{{pod},topic="orders",partition="4",'
+                       f'producer_id="4002",producer_epoch="0"}}', "values": "60+60x20"},
         ],
         "alert_rule_test": [
             {"eval_time": "4m", "alertname": "KafkaCleanerDeadThreads", "exp_alerts": []},
@@ -387,6 +392,12 @@ def test_alerts_fire_on_the_sidecar_metrics(helm_template: Render, tmp_path: pat
             {"eval_time": "16m", "alertname": "KafkaCleanerNotRunning", "exp_alerts": [
                 {"exp_labels": {"severity": "warning", "namespace": "kafka", "pod": "kafka-0"}}]},
             {"eval_time": "16m", "alertname": "KafkaCleanerCompactionDelay", "exp_alerts": []},
+            # 600 s + 60 s a minute passes 900 s after 5 minutes, then 5 minutes "for": fires at 11m; the
+            # young transaction (60 s at 0m) is at 900 s only at 14m.
+            {"eval_time": "10m", "alertname": "KafkaCleanerHangingTransaction", "exp_alerts": []},
+            {"eval_time": "11m", "alertname": "KafkaCleanerHangingTransaction", "exp_alerts": [
+                {"exp_labels": {"severity": "warning", "namespace": "kafka", "pod": "kafka-0", "topic": "orders",
+                                "partition": "3", "producer_id": "4001", "producer_epoch": "2"}}]},
             {"eval_time": "6m", "alertname": "KafkaCleanerReportsStale", "exp_alerts": [
                 {"exp_labels": {"severity": "warning", "namespace": "kafka", "policy": "offsets"}}]},
         ]}]}
