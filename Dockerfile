@@ -30,7 +30,10 @@ ENV CARGO_HOME=/usr/local/cargo \
     PATH=/usr/local/cargo/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONSAFEPATH=1
+# PYTHONSAFEPATH: the build runs Python in /src (PyO3's build script asks the interpreter for
+# its configuration), where ./operator would shadow the standard library's operator module.
 # Rust links the extension with the C toolchain's linker.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src

@@ -162,7 +162,10 @@ def build_image(root: pathlib.Path) -> Image:
     bin_dir.mkdir()
     (bin_dir / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
     (bin_dir / "python").chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    # Nothing of this process's Python environment (make exports PYTHONSAFEPATH): only the ENV
+    # of the Dockerfile, as in a real build.
+    inherited = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH")
+    env = {k: v for k, v in os.environ.items() if k not in inherited}
     env |= {k: v for k, v in builder.env().items() if k not in NOT_APPLIED}
     env["PATH"] = f"{bin_dir}:{env.get('PATH', BASE_PATH)}"
     # The first RUN installs the linker with apt-get (the machine has one); the last builds.
