@@ -26,6 +26,7 @@ from cleaner.clock import SYSTEM_TIME, FixedTime, Time
 from cleaner.config import Mode, Policy, load_policy
 from cleaner.engine.log_cleaner import LogCleaner
 from cleaner.engine.manager import LogCleanerManager
+from cleaner.engine.next_clean import NextCleanCache
 from cleaner.errors import KafkaCleanerError, LogDirLockedError, PolicyError
 from cleaner.sidecar.guards import refusal_lines
 from cleaner.storage.log_dir import LogDirectory
@@ -235,7 +236,7 @@ def status_command(data_dir: tuple[Path, ...], policy_path: Path, now_ms: int | 
     ratio, eligible now or why not, compaction delay, tombstones and the oldest one's
     age. Read-only: safe next to a live broker."""
     policy = load_policy_or_exit(policy_path)
-    statuses = cleaning.status(data_dir, policy, clock_for(now_ms))
+    statuses = cleaning.status(data_dir, policy, clock_for(now_ms), next_clean=NextCleanCache())
     if as_json:
         click.echo(json.dumps([s.as_dict() for s in statuses], indent=2))
         return

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import xxhash
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cleaner import cleaning
+from cleaner.cli import main
 from cleaner.clock import MockTime
 from cleaner.config import parse_policy
 from cleaner.engine.manager import log_config_for
@@ -165,3 +168,15 @@ def test_status_reports_the_next_clean_and_reuses_it_while_the_section_is_unchan
     assert after.next_clean is None  # nothing left to clean
     (plain,) = cleaning.status([tmp_path], policy, time)
     assert plain.as_dict()["nextClean"] is None
+
+
+def test_the_status_command_prints_the_next_clean(tmp_path: Path) -> None:
+    config = GeneratorConfig(topics=1, partitions=1, records=5_000, keys=500, segment_bytes=64 * 1024, seed=6)
+    generate(tmp_path / "logs", config)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("topics:\n  - match: '.*'\n    cleanupPolicy: compact\n    minCleanableDirtyRatio: 0.01\n")
+    args = ["status", str(tmp_path / "logs"), "--policy", str(policy), "--now-ms", str(config.clock_ms), "--json"]
+    printed = CliRunner().invoke(main, args)
+    assert printed.exit_code == 0, printed.output
+    (row,) = json.loads(printed.output)
+    assert row["nextClean"]["bytesFreed"] > 0 and 0 < row["nextClean"]["dirtyDistinctKeys"] <= 500 * 1.05
