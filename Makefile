@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/observe.py
 	$(BIN)/python bench/spark.py
 	$(BIN)/python bench/vs_kafka.py
+	$(BIN)/python bench/threads.py
 
 # Mutation testing of the rule-bearing modules (docs/testing.md); long, not part of `make test`.
 mutation: $(STAMP)
