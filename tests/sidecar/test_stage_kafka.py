@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 from faults import StepFaults
-from real_broker import KAFKA_LINES, RealBroker, available, partition_files
+from kafka_broker import KAFKA_LINES, RealBroker, available, partition_files
 from sidecar_helpers import KAFKA_CLEANER, new_sidecar, next_scan, status_of, write_policy
 
 from cleaner.clock import MockTime

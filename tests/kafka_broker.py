@@ -1,14 +1,14 @@
-"""A real single-node Apache Kafka broker (KRaft, combined mode) for stage mode's tests, from
-the jars ``make setup`` resolves into ``.tools/kafka/<version>/libs``.
+"""A real single-node Apache Kafka broker (KRaft, combined mode) for the tests, from the
+jars ``make setup`` resolves into ``.tools/kafka/<version>/libs`` (both Kafka lines).
 
-A stopgap until the project's shared broker fixture (``tests/kafka/broker.py``, issue 9)
-lands: it should replace this module. Kept small: start, stop (SIGTERM or SIGKILL), restart
-on the same dirs, produce and consume with kafka-python, and the broker's log.
+Start, stop (SIGTERM or SIGKILL), restart on the same dirs; produce and consume with
+kafka-python; ListOffsets; the broker's log and the ERROR/WARN lines in it. The JVM is
+tuned for short tests on 2 cores (serial GC, C1 only, 512 MiB heap).
 
 The data log dir and the metadata log dir are separate by default (``metadata.log.dir``):
 a sidecar given only the data dir then does not see the cluster's topic configs, as with a
 broker whose metadata lives on another volume. The broker's own cleaner is off by default
-(``log.cleaner.enable=false``): stage mode is for partitions the broker does not compact.
+(``log.cleaner.enable=false``) so that what a test finds cleaned is kafka-cleaner's work.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 KAFKA_LINES = ("4.3.1", "3.9.2")
 
 

@@ -1,0 +1,239 @@
+"""A real Apache Kafka broker judges ``kafka-cleaner clean`` (issue 9): round trips per
+Kafka line (4.3.1 and 3.9.2).
+
+A workload is produced through the broker with kafka-python: a compacted topic of three
+partitions with 1 MiB segments (Kafka 4's smallest) and keys with many versions,
+tombstones, every codec (none, gzip, snappy, lz4, zstd), headers, an idempotent producer,
+and transactions both committed and aborted. Then, with the broker stopped each time:
+
+1. ``kafka-cleaner clean`` (the console script, as a user runs it) on its log dir; the
+   broker starts again and serves, read_committed and read_uncommitted, every record the
+   clean kept at its offset, every key's latest committed value (tombstones before their
+   horizon included), the same earliest and latest offsets, and logs no ERROR or WARN
+   about the topic;
+2. more data, then a clean past the delete horizon (``--now-ms`` two days on): the first
+   round's tombstones go, nothing else changes for a consumer;
+3. the broker's own cleaner, switched on, compacts the partition further from the
+   ``cleaner-offset-checkpoint`` kafka-cleaner left, without an error.
+
+The metadata log shares the data log dir here, so kafka-cleaner reads the topic's real
+configs (``cleanup.policy``, ``delete.retention.ms``, ...) from ``__cluster_metadata-0``.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from kafka_broker import KAFKA_LINES, RealBroker, available
+
+from cleaner.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
+from cleaner.storage.topic_partition import TopicPartition
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.parametrize(
+        "line",
+        [
+            pytest.param(line, marks=pytest.mark.skipif(not available(line), reason=f"run make setup (Kafka {line})"))
+            for line in KAFKA_LINES
+        ],
+    ),
+]
+
+TOPIC = "compacted"
+PARTITIONS = 3
+KEYS = 400
+DAY_MS = 86_400_000
+CLI = Path(sys.executable).with_name("kafka-cleaner")
+POLICY = f"""\
+topics:
+  - match: {TOPIC}
+    cleanupPolicy: compact
+    minCleanableDirtyRatio: 0.01
+"""
+
+
+@dataclass(frozen=True)
+class Rec:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple
+
+
+PRODUCERS = [
+    *({"compression_type": codec, "acks": "all"} for codec in (None, "gzip", "snappy", "lz4", "zstd")),
+    {"enable_idempotence": True, "acks": "all", "compression_type": "lz4"},
+]
+"""kafka-python settings of the workload's non-transactional producers."""
+
+
+def produce_workload(broker: RealBroker, seed: int) -> None:
+    from kafka import KafkaProducer
+
+    rng = random.Random(seed)
+
+    def record(n: int) -> tuple[int, bytes, bytes | None, list]:
+        key = b"key-%04d" % rng.randrange(KEYS)
+        value = None if rng.random() < 0.05 else b"%d:" % n + rng.randbytes(rng.randrange(200, 800))
+        headers = [("trace", b"%d" % n)] if rng.random() < 0.2 else []
+        return rng.randrange(PARTITIONS), key, value, headers
+
+    n = 0
+    for settings in PRODUCERS:
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=5, **settings)
+        try:
+            for _ in range(1_500):
+                p, key, value, headers = record(n := n + 1)
+                producer.send(TOPIC, key=key, value=value, partition=p, headers=headers)
+            producer.flush(60)
+        finally:
+            producer.close(10)
+    producer = KafkaProducer(
+        bootstrap_servers=broker.bootstrap, transactional_id=f"round-trip-{seed}", compression_type="gzip"
+    )
+    try:
+        producer.init_transactions()
+        for txn in range(12):
+            producer.begin_transaction()
+            for _ in range(150):
+                p, key, value, headers = record(n := n + 1)
+                producer.send(TOPIC, key=key, value=value, partition=p, headers=headers)
+            producer.flush(60)  # on the broker before the end: kafka-python's abort drops unsent records
+            if txn % 3 == 1:
+                producer.abort_transaction()
+            else:
+                producer.commit_transaction()
+    finally:
+        producer.close(10)
+
+
+def read_all(broker: RealBroker, isolation: str) -> list[Rec]:
+    """Every record of the topic, from each partition's earliest offset to its end."""
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KafkaTopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level=isolation,
+    )
+    try:
+        tps = [KafkaTopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)  # read_committed: the last stable offset
+        out: list[Rec] = []
+        deadline = time.monotonic() + 90
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            assert time.monotonic() < deadline, "the consumer did not reach the end offsets"
+            for tp, messages in consumer.poll(timeout_ms=500).items():
+                out += [Rec(tp.partition, m.offset, m.key, m.value, tuple(m.headers)) for m in messages]
+        return sorted(out, key=lambda r: (r.partition, r.offset))
+    finally:
+        consumer.close()
+
+
+def latest(records: list[Rec]) -> dict[tuple[int, bytes | None], bytes | None]:
+    """Each key's latest value per partition (None: a tombstone)."""
+    return {(r.partition, r.key): r.value for r in records}
+
+
+def live(records: list[Rec]) -> dict[tuple[int, bytes | None], bytes]:
+    return {k: v for k, v in latest(records).items() if v is not None}
+
+
+def clean(broker: RealBroker, policy: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [str(CLI), "clean", str(broker.log_dir), "--policy", str(policy), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def assert_served_as_kept(
+    broker: RealBroker, before: dict[str, list[Rec]], offsets: dict[int, tuple[int, int]]
+) -> dict[str, list[Rec]]:
+    """What the restarted broker serves: a subset of what it served before, record for record
+    at the same offsets, with the same latest committed values and offsets."""
+    after = {isolation: read_all(broker, isolation) for isolation in ("read_committed", "read_uncommitted")}
+    for isolation, records in after.items():
+        served_before = {(r.partition, r.offset): r for r in before[isolation]}
+        moved = [r for r in records if served_before.get((r.partition, r.offset)) != r]
+        assert moved == [], f"{isolation}: records not served before at that offset: {moved[:3]}"
+    assert latest(after["read_committed"]) == latest(before["read_committed"])
+    assert broker.offsets(TOPIC, PARTITIONS) == offsets
+    assert broker.problems([TOPIC]) == [], broker.problems([TOPIC])
+    return after
+
+
+def test_round_trip_then_past_the_horizon_then_the_brokers_own_cleaner(tmp_path: Path, line: str) -> None:
+    broker = RealBroker(tmp_path / "broker", line, separate_metadata=False).start()
+    try:
+        broker.create_topic(TOPIC, PARTITIONS, {"cleanup.policy": "compact", "segment.bytes": str(1 << 20)})
+        produce_workload(broker, seed=int(line.replace(".", "")))
+        before = {isolation: read_all(broker, isolation) for isolation in ("read_committed", "read_uncommitted")}
+        aborted = len(before["read_uncommitted"]) - len(before["read_committed"])
+        assert aborted > 0 and any(r.value is None for r in before["read_committed"])
+        offsets = broker.offsets(TOPIC, PARTITIONS)
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(POLICY)
+
+        # 1. A clean now: duplicates and aborted data go, tombstones get their horizon.
+        broker.stop()
+        clean(broker, policy)
+        cleaned_to = OffsetCheckpointFile(broker.log_dir / CLEANER_OFFSET_CHECKPOINT).read()
+        assert all(cleaned_to.get(TopicPartition(TOPIC, p), 0) > 0 for p in range(PARTITIONS)), cleaned_to
+        broker.start()
+        after = assert_served_as_kept(broker, before, offsets)
+        assert len(after["read_uncommitted"]) < len(before["read_uncommitted"]), "the clean removed nothing"
+
+        # 2. More versions of the same keys (a segment rolls, so the log is cleanable again),
+        # then a clean past the first tombstones' horizon (delete.retention.ms: the cluster's
+        # default, one day): they go, and a consumer sees nothing else change.
+        produce_workload(broker, seed=7)
+        middle = read_all(broker, "read_committed")
+        offsets = broker.offsets(TOPIC, PARTITIONS)
+        broker.stop()
+        clean(broker, policy, "--now-ms", str(int(time.time() * 1000) + 2 * DAY_MS))
+        broker.start()
+        final = read_all(broker, "read_committed")
+        first_round = {r.partition: r.offset for r in before["read_uncommitted"]}
+        expired = [r for r in final if r.value is None and r.offset <= first_round[r.partition]]
+        assert expired == [], f"tombstones outlived their horizon: {expired[:3]}"
+        assert live(final) == live(middle)
+        assert broker.offsets(TOPIC, PARTITIONS) == offsets
+        assert broker.problems([TOPIC]) == [], broker.problems([TOPIC])
+
+        # 3. The broker's own cleaner takes over from kafka-cleaner's checkpoint.
+        broker.stop()
+        ours = OffsetCheckpointFile(broker.log_dir / CLEANER_OFFSET_CHECKPOINT).read()
+        broker.reconfigure(log_cleaner_enable="true")
+        broker.start()
+        produce_workload(broker, seed=99)
+        expected = live(read_all(broker, "read_committed"))
+        deadline = time.monotonic() + 120
+        while True:
+            theirs = OffsetCheckpointFile(broker.log_dir / CLEANER_OFFSET_CHECKPOINT).read()
+            if all(theirs.get(tp, 0) > ours[tp] for tp in ours if tp.topic == TOPIC):
+                break
+            assert time.monotonic() < deadline, f"the broker's cleaner did not move on from {ours}: {theirs}"
+            time.sleep(0.5)
+        assert live(read_all(broker, "read_committed")) == expected
+        cleaner_errors = [
+            line for line in broker.log_since_start().splitlines() if "ERROR" in line and "Cleaner" in line
+        ]
+        assert cleaner_errors == [] and broker.problems([TOPIC]) == [], cleaner_errors + broker.problems([TOPIC])
+    finally:
+        broker.stop()
