@@ -145,9 +145,7 @@ def latest_values(partition_dir: Path) -> dict[bytes, bytes | None]:
 def describe_batch(batch: tuple) -> str:
     base, last, magic, attributes, first_ts, _, pid, epoch, _, count, _ = batch
     flags = [
-        name
-        for bit, name in ((0x10, "transactional"), (0x20, "control"), (0x40, "deleteHorizon"))
-        if attributes & bit
+        name for bit, name in ((0x10, "transactional"), (0x20, "control"), (0x40, "deleteHorizon")) if attributes & bit
     ]
     return (
         f"[{base}..{last}] v{magic} codec={attributes & 7} {'+'.join(flags) or 'plain'} "

@@ -54,6 +54,7 @@ pytestmark = pytest.mark.slow
 NOW_MS = 1_700_000_000_000
 DAY_MS = 86_400_000
 
+
 @pytest.fixture(params=KAFKA_LINES)
 def kafka_version(request: pytest.FixtureRequest) -> str:
     return request.param
@@ -66,7 +67,13 @@ def assert_same_as_kafka(ours: Path, kafka: Path) -> None:
 
 
 def clean_both(
-    version: str, source: Path, root: Path, config: dict, *, now_ms: int = NOW_MS, map_keys: int | None = None,
+    version: str,
+    source: Path,
+    root: Path,
+    config: dict,
+    *,
+    now_ms: int = NOW_MS,
+    map_keys: int | None = None,
     dedupe_buffer_size: int | None = None,
 ) -> tuple[Path, Path, dict]:
     ours, kafka = twin_copies(source, root)
@@ -132,18 +139,40 @@ SHAPES = {
     # Mixed codecs, idempotent and transactional producers (10% of transactions abort),
     # tombstones, LogAppendTime topics; single-segment groups.
     "mixed": dict(
-        topics=3, partitions=1, records=6_000, keys=1_500, tombstones=0.1, transactions=0.2, idempotent=True,
+        topics=3,
+        partitions=1,
+        records=6_000,
+        keys=1_500,
+        tombstones=0.1,
+        transactions=0.2,
+        idempotent=True,
         segment_bytes=256 * 1024,
     ),
     # Consumer-offsets-like: few hot keys rewritten over and over, small values, many segments.
     "offsets-like": dict(
-        topics=1, partitions=2, records=20_000, keys=60, key_skew=0.3, value_bytes=40, tombstones=0.02,
-        compression="none", segment_bytes=64 * 1024, batch_bytes=512,
+        topics=1,
+        partitions=2,
+        records=20_000,
+        keys=60,
+        key_skew=0.3,
+        value_bytes=40,
+        tombstones=0.02,
+        compression="none",
+        segment_bytes=64 * 1024,
+        batch_bytes=512,
     ),
     # Transactions (half the batches) in segments small enough that they span segment boundaries.
     "transactions-across-segments": dict(
-        topics=1, partitions=1, records=8_000, keys=800, transactions=0.5, idempotent=True, tombstones=0.05,
-        compression="lz4", segment_bytes=16 * 1024, batch_bytes=2048,
+        topics=1,
+        partitions=1,
+        records=8_000,
+        keys=800,
+        transactions=0.5,
+        idempotent=True,
+        tombstones=0.05,
+        compression="lz4",
+        segment_bytes=16 * 1024,
+        batch_bytes=2048,
     ),
 }
 
@@ -212,8 +241,16 @@ def test_more_keys_than_the_dedupe_buffer_holds(tmp_path: Path, kafka_version: s
     capacity of kafka-cleaner's (they differ for the same buffer size: see the next test)."""
     dedupe = 64 * 1024
     source = generated(
-        tmp_path, seed=3, topics=1, partitions=1, records=30_000, keys=20_000, key_skew=0.0, tombstones=0.05,
-        compression="none", segment_bytes=128 * 1024,
+        tmp_path,
+        seed=3,
+        topics=1,
+        partitions=1,
+        records=30_000,
+        keys=20_000,
+        key_skew=0.0,
+        tombstones=0.05,
+        compression="none",
+        segment_bytes=128 * 1024,
     )
     config = {"cleanup.policy": "compact", "segment.bytes": 128 * 1024, "min.cleanable.dirty.ratio": 0.01}
     ours, kafka, report = clean_both(
@@ -229,8 +266,16 @@ def test_deviation_offset_map_holds_more_keys_per_round(tmp_path: Path, kafka_ve
     reaches further and the whole clean needs no more rounds than Kafka's."""
     dedupe = 64 * 1024
     source = generated(
-        tmp_path, seed=4, topics=1, partitions=1, records=20_000, keys=15_000, key_skew=0.0, tombstones=0.0,
-        compression="none", segment_bytes=128 * 1024,
+        tmp_path,
+        seed=4,
+        topics=1,
+        partitions=1,
+        records=20_000,
+        keys=15_000,
+        key_skew=0.0,
+        tombstones=0.0,
+        compression="none",
+        segment_bytes=128 * 1024,
     )
     config = {"cleanup.policy": "compact", "segment.bytes": 128 * 1024, "min.cleanable.dirty.ratio": 0.01}
     ours, kafka = twin_copies(source, tmp_path)
@@ -252,15 +297,28 @@ def test_tombstones_and_markers_before_and_after_their_horizon(
     tombstones and transaction markers it keeps; the second, with the high watermark at the
     log end, runs before or after that horizon (delete.retention.ms later)."""
     source = generated(
-        tmp_path, seed=5, topics=1, partitions=1, records=8_000, keys=1_000, tombstones=0.3, transactions=0.3,
-        idempotent=True, compression="none", segment_bytes=32 * 1024,
+        tmp_path,
+        seed=5,
+        topics=1,
+        partitions=1,
+        records=8_000,
+        keys=1_000,
+        tombstones=0.3,
+        transactions=0.3,
+        idempotent=True,
+        compression="none",
+        segment_bytes=32 * 1024,
     )
     checkpoint = OffsetCheckpointFile(source / REPLICATION_OFFSET_CHECKPOINT)
     leo = checkpoint.read()
     checkpoint.update(set={tp: end // 2 for tp, end in leo.items()})
     retention = DAY_MS
-    config = {"cleanup.policy": "compact", "segment.bytes": 32 * 1024, "delete.retention.ms": retention,
-              "min.cleanable.dirty.ratio": 0.01}
+    config = {
+        "cleanup.policy": "compact",
+        "segment.bytes": 32 * 1024,
+        "delete.retention.ms": retention,
+        "min.cleanable.dirty.ratio": 0.01,
+    }
     ours, kafka, _ = clean_both(kafka_version, source, tmp_path, config)
     for log_dir in (ours, kafka):
         OffsetCheckpointFile(log_dir / REPLICATION_OFFSET_CHECKPOINT).update(set=leo)

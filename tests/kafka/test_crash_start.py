@@ -1,0 +1,108 @@
+"""Crash, then start a real broker (issue 9): ``kafka-cleaner clean`` is SIGKILLed at 20
+seeded random points per Kafka line, and a real broker (4.3.1, 3.9.2) starts on whatever it
+left and serves every key's latest committed value at the same offsets, without a WARN or
+ERROR about the topic. Every fourth time the broker is itself SIGKILLed during its start-up
+on those leftovers first, then started again.
+
+The kill points are spread over the clean itself (after the interpreter's start, measured
+on an uninterrupted run), and the test checks that they landed mid-clean often enough to
+mean something: ``.cleaned``/``.swap`` files left, or some partitions cleaned and others not.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from broker_workload import CLI, PARTITIONS, POLICY, TOPIC, live, produce_workload, read_all
+from kafka_broker import KAFKA_LINES, RealBroker, available
+
+from cleaner.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.parametrize(
+        "line",
+        [
+            pytest.param(line, marks=pytest.mark.skipif(not available(line), reason=f"run make setup (Kafka {line})"))
+            for line in KAFKA_LINES
+        ],
+    ),
+]
+
+KILLS = 20
+
+
+def _clean_process(log_dir: Path, policy: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [str(CLI), "clean", str(log_dir), "--policy", str(policy)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def _timed_clean(log_dir: Path, policy: Path) -> float:
+    started = time.monotonic()
+    assert _clean_process(log_dir, policy).wait(120) == 0
+    return time.monotonic() - started
+
+
+def _state(log_dir: Path) -> str:
+    leftovers = [p.name for p in log_dir.glob(f"{TOPIC}-*/*") if p.name.endswith((".cleaned", ".swap", ".deleted"))]
+    cleaned = OffsetCheckpointFile(log_dir / CLEANER_OFFSET_CHECKPOINT).read()
+    done = sum(1 for tp in cleaned if tp.topic == TOPIC)
+    if leftovers or 0 < done < PARTITIONS:
+        return "mid-clean"
+    return "done" if done == PARTITIONS else "not started"
+
+
+def test_a_broker_starts_on_whatever_a_killed_clean_left(tmp_path: Path, line: str) -> None:
+    broker = RealBroker(tmp_path / "broker", line, separate_metadata=False).start()
+    try:
+        broker.create_topic(TOPIC, PARTITIONS, {"cleanup.policy": "compact", "segment.bytes": str(1 << 20)})
+        for seed in (1, 2):  # two rounds of versions: several segments to rewrite per partition
+            produce_workload(broker, seed=seed)
+        expected = live(read_all(broker, "read_committed"))
+        offsets = broker.offsets(TOPIC, PARTITIONS)
+    finally:
+        broker.stop()
+    pristine = tmp_path / "pristine"
+    shutil.copytree(broker.log_dir, pristine)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    probe = tmp_path / "probe"
+    shutil.copytree(pristine, probe)
+    started = time.monotonic()
+    assert subprocess.run([str(CLI), "--version"], capture_output=True, check=False).returncode == 0
+    start_up = time.monotonic() - started
+    whole = _timed_clean(probe, policy)
+    shutil.rmtree(probe)
+
+    rng = random.Random(int(line.replace(".", "")))
+    states: dict[str, int] = {}
+    for kill in range(KILLS):
+        shutil.rmtree(broker.log_dir)
+        shutil.copytree(pristine, broker.log_dir)
+        cleaner = _clean_process(broker.log_dir, policy)
+        time.sleep(rng.uniform(start_up * 0.8, whole))
+        cleaner.send_signal(signal.SIGKILL)
+        cleaner.wait(30)
+        state = _state(broker.log_dir)
+        states[state] = states.get(state, 0) + 1
+        if kill % 4 == 3:  # the broker dies during its own start-up on the leftovers
+            broker.start(wait=False)
+            time.sleep(rng.uniform(0.3, 1.5))
+            broker.stop(kill=True)
+        broker.start()
+        try:
+            where = f"kill {kill} ({state}, {sorted(os.listdir(broker.log_dir / f'{TOPIC}-0'))})"
+            assert live(read_all(broker, "read_committed")) == expected, where
+            assert broker.offsets(TOPIC, PARTITIONS) == offsets, where
+            assert broker.problems([TOPIC]) == [], (where, broker.problems([TOPIC]))
+        finally:
+            broker.stop(kill=True)
+    assert states.get("mid-clean", 0) >= KILLS // 4, f"too few kills landed mid-clean: {states}"
