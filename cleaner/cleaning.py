@@ -10,11 +10,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time as _time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cleaner.clock import Time
+from cleaner.clock import StoppableTime, Time
 from cleaner.config import CleanerConfig, Policy
 from cleaner.engine.log_cleaner import CleanResult, LogCleaner
 from cleaner.engine.manager import LogCleanerManager, ManagedLog, PartitionReport
@@ -34,6 +35,11 @@ class CleanOutcome:
     bytes_before: int = 0
     bytes_after: int = 0
     elapsed_seconds: float = 0.0
+    """Wall time of the cleaning (a measurement: the policy's clock may be pinned)."""
+    interrupted: bool = False
+    """``stop`` was set before every thread was done: the rounds in flight were aborted."""
+    still_eligible: list[TopicPartition] = field(default_factory=list)
+    """After an interruption: the partitions a clean would still have taken."""
 
 
 @contextlib.contextmanager
@@ -68,19 +74,24 @@ def clean(
         manager = LogCleanerManager(log_dirs, policy, time)
         managed = manager.logs()
         outcome.bytes_before = _total_bytes(managed.values())
-        pool = LogCleaner(manager, config, time, exit_when_idle=True, io_meter=io_meter)
         stop = stop or threading.Event()
-        started = time.nanoseconds()
+        # A throttled clean sleeps; SIGINT/SIGTERM must not wait for the sleep to end.
+        pool = LogCleaner(manager, config, StoppableTime(time, stop), exit_when_idle=True, io_meter=io_meter)
+        started = _time.monotonic()
         pool.start()
         try:
             while any(t.is_alive() for t in pool.threads) and not stop.wait(0.05):
                 pass
+            outcome.interrupted = stop.is_set() and any(t.is_alive() for t in pool.threads)
         finally:
             pool.shutdown()
-        outcome.elapsed_seconds = (time.nanoseconds() - started) / 1e9
+        outcome.elapsed_seconds = _time.monotonic() - started
         outcome.results = list(pool.results)
         outcome.uncleanable = manager.uncleanable_partitions()
         outcome.bytes_after = _total_bytes(manager.logs().values())
+        if outcome.interrupted:
+            now = time.milliseconds()
+            outcome.still_eligible = [r.topic_partition for r in manager.report(now) if r.eligible]
     return outcome
 
 

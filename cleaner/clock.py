@@ -11,6 +11,8 @@ import threading
 import time as _time
 from typing import Protocol
 
+from cleaner.errors import ThreadShutdownError
+
 
 class Time(Protocol):
     def milliseconds(self) -> int:
@@ -99,3 +101,37 @@ class FixedTime(SystemTime):
 
 
 SYSTEM_TIME = SystemTime()
+
+
+class StoppableTime:
+    """The clock given to throttled work (cleaner threads, staging, scans): once one of
+    ``events`` is set, a throttle's sleep raises ``ThreadShutdownError`` (within 100 ms),
+    which aborts the round like the cleaner's own shutdown check, so SIGTERM, SIGINT, a
+    pause or a mode switch never waits for it (``Throttler`` sleeps in one piece, up to seconds at a
+    low ``maxIoBytesPerSecond``), and the work does not go on unthrottled either.
+    Everything else is the wrapped clock."""
+
+    SLICE_MS = 100
+
+    def __init__(self, time: Time, *events: threading.Event) -> None:
+        self._time = time
+        self._events = events
+
+    def milliseconds(self) -> int:
+        return self._time.milliseconds()
+
+    def nanoseconds(self) -> int:
+        return self._time.nanoseconds()
+
+    def sleep(self, ms: float) -> None:
+        while True:
+            if any(e.is_set() for e in self._events):
+                raise ThreadShutdownError("stopping this work")
+            if ms <= 0:
+                return
+            step = min(ms, self.SLICE_MS)
+            self._time.sleep(step)
+            ms -= step
+
+    def wait(self, event: threading.Event, timeout_ms: float) -> bool:
+        return self._time.wait(event, timeout_ms)

@@ -29,12 +29,32 @@ from cleaner.engine.manager import LogCleanerManager
 from cleaner.engine.next_clean import NextCleanCache
 from cleaner.errors import KafkaCleanerError, LogDirLockedError, PolicyError
 from cleaner.sidecar.guards import refusal_lines
-from cleaner.storage.log_dir import LogDirectory
+from cleaner.storage.log_dir import LogDirectory, is_kafka_log_dir
+from cleaner.storage.topic_partition import parse_partition_dir
 
 EXIT_OK, EXIT_USAGE, EXIT_UNCLEANABLE, EXIT_LOCKED = 0, 2, 3, 4
 
+def _kafka_log_dirs(ctx: click.Context, param: click.Parameter, paths: tuple[Path, ...]) -> tuple[Path, ...]:
+    """Only what Kafka itself would take for a log dir (``is_kafka_log_dir``): no command
+    scans, locks or writes anything else."""
+    for path in paths:
+        if is_kafka_log_dir(path):
+            continue
+        if parse_partition_dir(path.name) is not None and is_kafka_log_dir(path.parent):
+            raise click.BadParameter(f"{path} is a partition dir; give its log dir: {path.parent}")
+        raise click.BadParameter(
+            f"{path} is not a Kafka log dir: it has no meta.properties, nor Kafka's offset checkpoint "
+            "files next to partition dirs"
+        )
+    return paths
+
+
 log_dir_argument = click.argument(
-    "data_dir", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path)
+    "data_dir",
+    nargs=-1,
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    callback=_kafka_log_dirs,
 )
 policy_option = click.option(
     "--policy",
@@ -79,7 +99,7 @@ def exit_codes_for_errors() -> Iterator[None]:
 
 
 def _mb(n: float) -> str:
-    return f"{n / 1048576:,.1f} MB"
+    return f"{n / 1048576:,.1f} MiB"
 
 
 @click.command("clean")
@@ -88,19 +108,45 @@ def _mb(n: float) -> str:
 @now_option
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Cleaner threads (default: the policy's).")
 @click.option("--json", "as_json", is_flag=True, help="Print per-partition stats as JSON.")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="error",
+    show_default=True,
+    help="The cleaner's log on stderr (failed partitions are listed at the end whatever the level).",
+)
+@click.option(
+    "--force-mode",
+    is_flag=True,
+    help="Clean even though the policy's mode is observe or stage (clean always compacts in place).",
+)
 def clean_command(
-    data_dir: tuple[Path, ...], policy_path: Path, now_ms: int | None, threads: int | None, as_json: bool
+    data_dir: tuple[Path, ...],
+    policy_path: Path,
+    now_ms: int | None,
+    threads: int | None,
+    as_json: bool,
+    log_level: str,
+    force_mode: bool,
 ) -> None:
     """Clean Kafka log dirs until no partition is eligible, then exit.
 
     Takes each log dir's .lock like a broker does, so it refuses a directory that a
     running broker holds (exit 4). Exit 3 if some partition became uncleanable.
     """
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     policy = load_policy_or_exit(policy_path)
+    if policy.mode != Mode.COMPACT and not force_mode:
+        click.echo(
+            f"kafka-cleaner: the policy's mode is {policy.mode} (a policy without `mode` observes), and "
+            f"clean compacts in place; set `mode: compact` in {policy_path}, or pass --force-mode",
+            err=True,
+        )
+        sys.exit(EXIT_USAGE)
     time = clock_for(now_ms)
     console = Console(stderr=True)
     stop = threading.Event()
-    _on_signals(stop)
+    caught = _on_signals(stop)
     progress = None
     meter = None
     if console.is_terminal and not as_json:
@@ -132,6 +178,16 @@ def clean_command(
     for log_dir, tps in outcome.uncleanable.items():
         for tp, reason in tps.items():
             click.echo(f"kafka-cleaner: partition {tp} in {log_dir} is uncleanable: {reason}", err=True)
+    if caught:
+        signum = caught[0]
+        pending = ", ".join(str(tp) for tp in outcome.still_eligible) or "none"
+        click.echo(
+            f"kafka-cleaner: interrupted by {signal.Signals(signum).name}: {len(outcome.results)} clean(s) "
+            f"completed{'; the rounds in flight were aborted, their files removed' if outcome.interrupted else ''}; "
+            f"still eligible: {pending}",
+            err=True,
+        )
+        sys.exit(128 + signum)  # 130 for SIGINT, 143 for SIGTERM, as shells report them
     sys.exit(EXIT_UNCLEANABLE if outcome.uncleanable else EXIT_OK)
 
 
@@ -187,19 +243,25 @@ def _print_outcome(outcome: cleaning.CleanOutcome) -> None:
             f"{s.elapsed_secs:.2f}",
         )
     console.print(table)
-    rate = outcome.bytes_before / outcome.elapsed_seconds / 1048576 if outcome.elapsed_seconds else 0.0
+    read = sum(r.stats.bytes_read for r in outcome.results)
+    rate = read / outcome.elapsed_seconds / 1048576 if outcome.elapsed_seconds else 0.0
     console.print(
         f"{len(outcome.results)} clean(s); {_mb(outcome.bytes_before)} -> {_mb(outcome.bytes_after)} in "
-        f"{outcome.elapsed_seconds:.2f} s ({rate:,.1f} MB/s of log)"
+        f"{outcome.elapsed_seconds:.2f} s of wall time ({rate:,.1f} MiB/s of log read by the cleans)"
     )
 
 
-def _on_signals(stop: threading.Event) -> None:
+def _on_signals(stop: threading.Event) -> list[int]:
+    """SIGTERM and SIGINT set ``stop``; the returned list receives the signals caught."""
+    caught: list[int] = []
+
     def handler(signum, frame) -> None:
+        caught.append(signum)
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, handler)
+    return caught
 
 
 @click.command("run")

@@ -77,6 +77,7 @@ _SEGMENT_KINDS = {
     ".snapshot": "producer-snapshot",
 }
 _KRAFT_SNAPSHOT = re.compile(r"(?P<offset>[0-9]{20})-(?P<epoch>[0-9]{10})\.checkpoint")
+NOT_KAFKA = "not a Kafka log-dir file"
 _SKIPPED = {
     ".lock": "the log dir lock file",
     "quorum-state": "KRaft quorum state (JSON, not a log file)",
@@ -159,6 +160,7 @@ class _Output:
         self.problem_count = 0
         self.files_with_problems = 0
         self.files_seen = 0
+        self.files_skipped = 0
         if as_json:
             self._write("[")
 
@@ -307,7 +309,7 @@ def classify(name: str) -> _Name:
         return _Name("skipped", reason="temporary file of an interrupted atomic write")
     if name.endswith("-checkpoint"):
         return _Name("offset-checkpoint")
-    return _Name("skipped", reason="not a Kafka log-dir file")
+    return _Name("skipped", reason=NOT_KAFKA)
 
 
 def _base_offset(stem: str) -> int | None:
@@ -391,13 +393,19 @@ def run_dump(
             _dump_file(run, path)
     finally:
         out.close()
+    kafka_files = out.files_seen - out.files_skipped  # Kafka's lock file and temporaries included
     if out.problem_count:
         click.echo(
-            f"{out.problem_count} problem(s) found in {out.files_with_problems} of {out.files_seen} file(s)", err=True
+            f"{out.problem_count} problem(s) found in {out.files_with_problems} of {kafka_files} file(s)", err=True
         )
         return 1
+    if kafka_files == 0:
+        click.echo(
+            f"kafka-cleaner: nothing to dump: {path} holds no file Kafka writes ({out.files_skipped} skipped)", err=True
+        )
+        return 2
     if verify:
-        click.echo(f"verified {out.files_seen} file(s): no problems found", err=True)
+        click.echo(f"verified {kafka_files} file(s): no problems found", err=True)
     return 0
 
 
@@ -420,6 +428,7 @@ def _dump_file(run: _Run, path: str) -> None:
     name = classify(os.path.basename(path))
     out = run.out
     if name.kind == "skipped":
+        out.files_skipped += name.reason == NOT_KAFKA
         out.begin_file(path, "skipped")
         out.note(f"Skipping {path}: {name.reason}")
         out.end_file()

@@ -22,7 +22,11 @@ apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null 2>&1 || {
     apt-get update -qq >/dev/null
     apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null
 }
-# The Debian prometheus package starts a system service on install; the tests run
-# their own server on a free loopback port and need none.
-if command -v systemctl >/dev/null 2>&1; then systemctl stop prometheus >/dev/null 2>&1 || true; fi
-pkill -x prometheus >/dev/null 2>&1 || true
+# The Debian prometheus package starts a system service on install; the tests run their
+# own server on a free loopback port and need none. Only the service this install started
+# is stopped, through the service manager: never a Prometheus the machine already ran.
+if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+    if command -v systemctl >/dev/null 2>&1 && systemctl stop prometheus >/dev/null 2>&1; then :
+    elif command -v service >/dev/null 2>&1; then service prometheus stop >/dev/null 2>&1 || true
+    fi
+fi

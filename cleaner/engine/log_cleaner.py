@@ -127,12 +127,16 @@ class CleanerThread(threading.Thread):
             finally:
                 manager.done_deleting([m.topic_partition for m in deletable])
         except LogCleaningException as e:
+            # Kafka's warning, with the cause on the same line; the traceback only at debug
+            # level (a person on call needs the file, position and reason, not our stack).
             log.warning(
-                "Unexpected exception thrown when cleaning log %s. Marking its partition (%s) as uncleanable",
+                "Unexpected exception thrown when cleaning log %s. Marking its partition (%s) as uncleanable: %s: %s",
                 e.managed.log.name,
                 e.managed.topic_partition,
-                exc_info=e.cause,
+                type(e.cause).__name__,
+                e.cause,
             )
+            log.debug("The cause of %s's failure", e.managed.topic_partition, exc_info=e.cause)
             manager.mark_partition_uncleanable(
                 e.managed.log_dir, e.managed.topic_partition, f"{type(e.cause).__name__}: {e.cause}"
             )

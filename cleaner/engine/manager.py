@@ -648,7 +648,7 @@ class LogCleanerManager:
     # -- uncleanable partitions ----------------------------------------------------------
     def mark_partition_uncleanable(self, log_dir: LogDirectory, tp: TopicPartition, reason: str) -> None:
         with self._lock:
-            log.warning("Marking %s in %s uncleanable: %s", tp, log_dir, reason)
+            log.info("Marking %s in %s uncleanable: %s", tp, log_dir, reason)
             self._uncleanable.setdefault(str(log_dir), {})[tp] = reason
 
     def is_uncleanable(self, log_dir: LogDirectory, tp: TopicPartition) -> bool:

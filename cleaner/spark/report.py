@@ -40,6 +40,7 @@ from typing import Any
 from cleaner import cleaning
 from cleaner.clock import SYSTEM_TIME, FixedTime, Time
 from cleaner.config import Policy, parse_policy_text
+from cleaner.engine.next_clean import NextCleanCache
 from cleaner.errors import KafkaCleanerError
 
 from .phases import KeyScope, RoundsOutcome, run_rounds
@@ -110,7 +111,7 @@ def partition_status(
     """Stage 0 task: ``status``'s row of one partition and the scope phase 1 reads."""
     clock = FixedTime(now)
     manager, managed = open_managed(ref, policy, clock, read_only=True)
-    row = cleaning.status([ref.root], policy, clock, manager=manager)[0].as_dict()
+    row = cleaning.status([ref.root], policy, clock, manager=manager, next_clean=NextCleanCache())[0].as_dict()
     row["sourceRoot"] = source_root
     if row["reason"] == "uncleanable" or row["records"] is None:
         return row, None

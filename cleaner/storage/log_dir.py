@@ -18,6 +18,7 @@ from cleaner.storage.checkpoint import (
 )
 from cleaner.storage.lock import LogDirLock, is_locked_by_other_process
 from cleaner.storage.log import Log, LogConfig
+from cleaner.storage.segment import LOG_SUFFIX
 from cleaner.storage.topic_partition import TopicPartition, parse_partition_dir
 
 CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
@@ -37,14 +38,17 @@ class LogDirectory:
 
     def partition_dirs(self) -> dict[TopicPartition, Path]:
         """Partition directories, listed afresh (``-delete``/``-future``/``-stray``
-        directories and anything that is not a partition are skipped)."""
+        directories and anything that is not a partition are skipped). A ``name-N``
+        directory without a segment file (``.log``, or one of its swap, cleaned or deleted
+        forms) is not a partition Kafka holds: it is left alone, so that opening it never
+        creates a segment there."""
         out: dict[TopicPartition, Path] = {}
         with os.scandir(self.path) as it:
             for entry in it:
                 if not entry.is_dir(follow_symlinks=False):
                     continue
                 tp = parse_partition_dir(entry.name)
-                if tp is not None:
+                if tp is not None and _has_segment_file(entry.path):
                     out[tp] = Path(entry.path)
         return dict(sorted(out.items()))
 
@@ -105,3 +109,8 @@ def is_kafka_log_dir(path: str | os.PathLike[str]) -> bool:
         return False
     with os.scandir(p) as it:
         return any(e.is_dir(follow_symlinks=False) and parse_partition_dir(e.name) is not None for e in it)
+
+
+def _has_segment_file(partition_dir: str) -> bool:
+    with os.scandir(partition_dir) as it:
+        return any(LOG_SUFFIX in e.name and e.is_file(follow_symlinks=False) for e in it)

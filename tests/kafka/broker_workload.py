@@ -22,6 +22,7 @@ KEYS = 400
 DAY_MS = 86_400_000
 CLI = Path(sys.executable).with_name("kafka-cleaner")
 POLICY = f"""\
+mode: compact
 topics:
   - match: {TOPIC}
     cleanupPolicy: compact

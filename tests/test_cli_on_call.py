@@ -1,0 +1,124 @@
+"""The CLI as a person on call meets it (issue 15): it refuses what is not a Kafka log dir
+and leaves it untouched, refuses to compact with a policy that says observe, reports an
+interrupted clean as interrupted (exit 130/143), and counts what ``dump`` verifies."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from kafka_logs import snapshot_dir
+
+from cleaner.cli import main
+from cleaner.generate import GeneratorConfig, generate
+
+CLI = Path(sys.executable).with_name("kafka-cleaner")
+COMPACT = "mode: compact\ntopics:\n  - match: '.*'\n    cleanupPolicy: compact\n    minCleanableDirtyRatio: 0.01\n"
+OBSERVE = "topics:\n  - match: '.*'\n    cleanupPolicy: compact\n"
+
+
+def _policy(tmp_path: Path, text: str = COMPACT) -> Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    return path
+
+
+def _etc_like(root: Path) -> Path:
+    """A tree like /etc: ``name-N`` directories holding files, and nothing of Kafka's."""
+    for name, files in {"dbus-1": ["system.conf"], "polkit-1": ["rules"], "nginx": ["nginx.conf"]}.items():
+        (root / name).mkdir(parents=True)
+        for f in files:
+            (root / name / f).write_text("setting = 1\n")
+    return root
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["clean", "--policy", "{policy}"], ["status", "--policy", "{policy}"], ["run", "--policy", "{policy}"]],
+    ids=["clean", "status", "run"],
+)
+def test_a_tree_that_is_not_a_log_dir_is_refused_and_untouched(tmp_path: Path, args: list[str]) -> None:
+    tree = _etc_like(tmp_path / "etc")
+    before = snapshot_dir(tree)
+    policy = _policy(tmp_path)
+    result = CliRunner().invoke(main, [args[0], str(tree), *(a.format(policy=policy) for a in args[1:])])
+    assert result.exit_code == 2
+    assert "is not a Kafka log dir" in result.output
+    assert snapshot_dir(tree) == before  # bytes and mtimes; no .lock, no segment
+
+
+def test_dump_of_a_tree_without_kafka_files_is_an_error_not_a_pass(tmp_path: Path) -> None:
+    tree = _etc_like(tmp_path / "etc")
+    before = snapshot_dir(tree)
+    result = CliRunner().invoke(main, ["dump", "--verify", str(tree)])
+    assert result.exit_code == 2 and "nothing to dump" in result.output
+    assert "no problems found" not in result.output
+    assert snapshot_dir(tree) == before
+
+
+def test_a_partition_dir_is_refused_with_the_log_dir_to_use(tmp_path: Path) -> None:
+    generate(tmp_path / "logs", GeneratorConfig(topics=1, partitions=1, records=200))
+    partition = tmp_path / "logs" / "topic-0-0"
+    result = CliRunner().invoke(main, ["status", str(partition), "--policy", str(_policy(tmp_path))])
+    assert result.exit_code == 2
+    assert f"{partition} is a partition dir; give its log dir: {partition.parent}" in result.output
+
+
+def test_a_name_n_directory_without_segments_in_a_log_dir_gets_nothing(tmp_path: Path) -> None:
+    generate(tmp_path / "logs", GeneratorConfig(topics=1, partitions=1, records=2_000, segment_bytes=16 * 1024))
+    stray = tmp_path / "logs" / "backup-1"
+    stray.mkdir()
+    (stray / "notes.txt").write_text("not a partition\n")
+    result = CliRunner().invoke(main, ["clean", str(tmp_path / "logs"), "--policy", str(_policy(tmp_path))])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in stray.iterdir()) == ["notes.txt"]
+    listed = CliRunner().invoke(main, ["status", str(tmp_path / "logs"), "--policy", str(_policy(tmp_path)), "--json"])
+    assert "backup" not in listed.output
+
+
+def test_clean_refuses_an_observe_policy_unless_forced(tmp_path: Path) -> None:
+    generate(tmp_path / "logs", GeneratorConfig(topics=1, partitions=1, records=2_000, segment_bytes=16 * 1024))
+    before = snapshot_dir(tmp_path / "logs")
+    observe = _policy(tmp_path, OBSERVE)
+    refused = CliRunner().invoke(main, ["clean", str(tmp_path / "logs"), "--policy", str(observe)])
+    assert refused.exit_code == 2 and "mode is observe" in refused.output and "--force-mode" in refused.output
+    assert snapshot_dir(tmp_path / "logs") == before
+    forced = CliRunner().invoke(main, ["clean", str(tmp_path / "logs"), "--policy", str(observe), "--force-mode"])
+    assert forced.exit_code == 0, forced.output
+    assert snapshot_dir(tmp_path / "logs") != before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_clean_says_so_and_exits_128_plus_the_signal(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """A throttled clean (1 MB/s, once Kafka's throttle checks the rate after 300 ms) is in
+    flight for minutes; the signal ends it at once, with what was done and what was not."""
+    logs = tmp_path / "logs"
+    config = GeneratorConfig(topics=1, partitions=4, records=400_000, value_bytes=200, segment_bytes=8 << 20)
+    generate(logs, config)
+    policy = _policy(tmp_path, COMPACT + "cleaner:\n  maxIoBytesPerSecond: 1000000\n")
+    proc = subprocess.Popen(
+        [str(CLI), "clean", str(logs), "--policy", str(policy), "--now-ms", str(config.clock_ms)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not any(p.name.endswith(".cleaned") for p in logs.glob("*/*")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no clean started"
+        time.sleep(0.01)
+    time.sleep(0.5)  # past the throttle's first check: the round sleeps
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == code, out + err
+    assert f"interrupted by {sig.name}" in err and "still eligible: topic-0-" in err, err
+    assert "Traceback" not in err
+    assert not [p for p in logs.glob("*/*") if p.name.endswith((".cleaned", ".swap"))]
