@@ -441,6 +441,26 @@ class Operator:
 
     # -- the webhook -----------------------------------------------------------------------
 
+    async def fail_open(self, body: Mapping[str, Any], patch: kopf.Patch, warnings: list[str],
+                        manifests: Sequence[Mapping[str, Any]], error: BaseException) -> None:
+        """Admit the pod unchanged when the mutation failed: a broker pod must never be refused
+        (kopf would answer ``allowed: false``; ``failurePolicy: Ignore`` covers only a webhook
+        that does not answer). The pod gets a warning, the policies in its namespace an Event."""
+        patch.fns.clear()
+        patch.clear()
+        meta = body.get("metadata") or {}
+        pod = f"{meta.get('namespace')}/{meta.get('name') or (meta.get('generateName') or '') + '*'}"
+        message = (f"kafka-cleaner: the sidecar was not injected into pod {pod} ({type(error).__name__}: {error}); "
+                   "the pod was admitted unchanged")
+        warnings.append(message)
+        log.warning("webhook failed open: %s", message)
+        metrics.WEBHOOK_FAILURES.inc()
+        for manifest in manifests:
+            try:
+                await self.call(self._kube().create_event, manifest, "Warning", "InjectionFailed", message)
+            except Exception as e:  # the pod is admitted all the same
+                log.warning("cannot post the InjectionFailed Event on %s: %s", manifest["metadata"]["name"], e)
+
     async def mutate_pod(self, body: Mapping[str, Any], patch: kopf.Patch, warnings: list[str],
                          manifests: Sequence[Mapping[str, Any]]) -> None:
         pod = json.loads(json.dumps(dict(body)))
@@ -574,4 +594,10 @@ def _register_webhook(registry: kopf.OperatorRegistry, op: Operator, config: Ope
         namespace = body.metadata.namespace
         if not namespace:
             return
-        await op.mutate_pod(body, patch, warnings, list(policies.get(namespace, [])))
+        manifests = list(policies.get(namespace, []))
+        try:
+            await op.mutate_pod(body, patch, warnings, manifests)
+        except Exception as e:  # the webhook fails open, whatever went wrong
+            await op.fail_open(body, patch, warnings, manifests, e)
+
+

@@ -10,6 +10,7 @@ The client is synchronous: the handlers call these methods through ``asyncio.to_
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 from collections.abc import Mapping
@@ -66,6 +67,23 @@ class Kube:
 
     def version(self) -> dict[str, Any]:
         return _json(self.versions.get_code(_preload_content=False, _request_timeout=TIMEOUT))
+
+    # -- Events ----------------------------------------------------------------------------
+
+    def create_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about ``involved`` (a manifest), as ``kopf.event`` posts one: for the
+        paths that run outside kopf's handler context (the admission webhook)."""
+        meta = involved["metadata"]
+        now = datetime.datetime.now(datetime.UTC).isoformat()
+        body = {
+            "metadata": {"namespace": meta["namespace"], "generateName": "kafka-cleaner-"},
+            "involvedObject": {"apiVersion": involved["apiVersion"], "kind": involved["kind"], "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta.get("uid")},
+            "reason": reason, "message": message[:1024], "type": type_,
+            "source": {"component": "kafka-cleaner-operator"},
+            "firstTimestamp": now, "lastTimestamp": now, "eventTime": None, "count": 1,
+        }
+        self.core.create_namespaced_event(meta["namespace"], body, _preload_content=False, _request_timeout=TIMEOUT)
 
     # -- StatefulSets ----------------------------------------------------------------------
 

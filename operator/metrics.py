@@ -28,6 +28,7 @@ __all__ = [
     "REGISTRY",
     "SCRAPE_FAILURES",
     "STALE_BROKERS",
+    "WEBHOOK_FAILURES",
     "WEBHOOK_INJECTIONS",
     "HttpServer",
     "forget_policy",
@@ -52,6 +53,8 @@ BROKERS_REPORTING = Gauge(_P + "brokers_reporting", "Target pods whose sidecar r
                           ["namespace", "policy"], registry=REGISTRY)
 STALE_BROKERS = Gauge(_P + "stale_brokers", "Target pods whose sidecar has not reported for 3 intervals.",
                       ["namespace", "policy"], registry=REGISTRY)
+WEBHOOK_FAILURES = Counter(_P + "webhook_failures", "Pod admissions the webhook failed open on (admitted unchanged).",
+                           registry=REGISTRY)
 WEBHOOK_INJECTIONS = Counter(_P + "webhook_injections", "Pods the admission webhook injected the sidecar into.",
                              ["namespace", "policy"], registry=REGISTRY)
 LEADER = Gauge(_P + "leader", "1 while this replica is the elected leader (or leader election is off).",

@@ -56,9 +56,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 45.0, what: str = ""
 
 
 @contextlib.contextmanager
-def running_operator(**config: Any) -> Iterator[kopf.testing.KopfRunner]:
+def running_operator(*, expected_warnings: tuple[str, ...] = (), **config: Any) -> Iterator[kopf.testing.KopfRunner]:
     """The operator (this project's registry and settings) in kopf's test runner; its log is
-    checked for tracebacks, errors and warnings when it stops."""
+    checked for tracebacks, errors and warnings (other than ``expected_warnings``) when it stops."""
     operator_config = OperatorConfig(sidecar_image=IMAGE, http_port=0, scrape_timeout=1.0, **config)
     settings = build_settings(operator_config)
     settings.watching.server_timeout = 10
@@ -68,7 +68,9 @@ def running_operator(**config: Any) -> Iterator[kopf.testing.KopfRunner]:
         yield runner
     assert runner.exception is None and runner.exit_code == 0, runner.output
     assert "Traceback" not in runner.output, runner.output
-    noise = ("OS signals are ignored",)
+    # kopf's own: its test runner ignores OS signals; a watch stream still open when the
+    # runner stops is reported as unprocessed (seen on a loaded machine, harmless here).
+    noise = ("OS signals are ignored", "Unprocessed streams left", *expected_warnings)
     bad = [line for line in runner.output.splitlines()
            if ("WARNING" in line or "ERROR" in line) and not any(n in line for n in noise)]
     assert bad == [], "\n".join(bad)
