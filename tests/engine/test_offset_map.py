@@ -93,3 +93,41 @@ def test_offsets_outside_the_round_are_rejected() -> None:
         m.put_many(_digests([b"a"]), np.array([m.offset_limit + 1]))
     assert m.put_many(_digests([b"a"]), np.array([m.offset_limit])) == 1
     assert m.get(digest_key(b"a")) == m.offset_limit
+
+
+def test_digests_that_differ_in_any_one_byte_are_different_keys() -> None:
+    """The whole 128-bit digest is compared (a byte skipped would merge two keys and drop a
+    live record): 16 x 255 crafted digests, each one byte away from a base digest, in the
+    base digest's own partition when the differing byte is not the partition byte."""
+    omap = OffsetMap(32 * 1024 * 1024)
+    assert omap.partitions > 1
+    base = np.arange(16, dtype=np.uint8) * 17
+    crafted = [base.copy()]
+    for position in range(16):
+        for value in range(256):
+            if value != base[position]:
+                d = base.copy()
+                d[position] = value
+                crafted.append(d)
+    digests = np.stack(crafted)
+    offsets = np.arange(len(crafted), dtype=np.int64)
+    assert omap.put_many(digests, offsets) == len(crafted)
+    assert omap.size == len(crafted)
+    assert omap.get_many(digests).tolist() == offsets.tolist()
+
+
+def test_one_partition_full_of_skewed_digests_stops_the_round_with_nothing_lost() -> None:
+    """Adversarial skew: every digest in one of the 256 partitions. Each partition keeps a
+    free slot (else a probe for an absent key never ends), so the round stops there, before
+    the global cap, and every key put is still found."""
+    omap = OffsetMap(32 * 1024 * 1024)
+    per_partition = omap.slots_per_partition
+    rng = np.random.default_rng(3)
+    digests = rng.integers(0, 256, size=(per_partition + 10, 16), dtype=np.uint8)
+    digests[:, 0] = 7  # the partition byte
+    digests[:, 1:5] = np.arange(len(digests), dtype=">u4").view(np.uint8).reshape(-1, 4)  # all distinct
+    put = omap.put_many(digests, np.arange(len(digests), dtype=np.int64))
+    assert put == per_partition - 1 < omap.max_keys
+    assert omap.get_many(digests[:put]).tolist() == list(range(put))
+    absent = digests[put:].copy()
+    assert (omap.get_many(absent) == -1).all()  # probes of absent keys end

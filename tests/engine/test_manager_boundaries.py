@@ -1,0 +1,122 @@
+"""The boundaries of Kafka's ``LogCleanerManager`` rules, each at the exact value where the
+rule flips (issue 16: mutants of these comparisons survived every other test).
+
+- ``cleanableOffsets``: a segment is uncleanable under ``min.compaction.lag.ms`` only if its
+  largest timestamp is *after* ``now - minCompactionLagMs``; the first uncleanable offset is
+  never below the first dirty offset; the LSO never passes the high watermark, even with a
+  transaction open above it.
+- ``grabFilthiestCompactedLog``: a log overdue for compaction (KIP-354) is picked only if it
+  has cleanable bytes, or it would be picked every round for nothing.
+- The cleaner's ``tombstones_removed`` counts what it removes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine_helpers import BASE_TS, NOW, TP, LogWriter, clean_round
+
+from cleaner.clock import MockTime
+from cleaner.config import parse_policy
+from cleaner.engine.manager import LogCleanerManager
+from cleaner.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
+from cleaner.storage.log_dir import LogDirectory
+
+MINUTE = 60_000
+
+
+def _manager(root: Path, **rule: object) -> LogCleanerManager:
+    topic = {"match": ".*", "cleanupPolicy": "compact", "minCleanableDirtyRatio": 0.01, **rule}
+    policy = parse_policy({"mode": "compact", "topics": [topic], "cleaner": {"dedupeBufferSize": 1 << 20}})
+    return LogCleanerManager([LogDirectory(root, read_only=True)], policy, MockTime(NOW), write_checkpoints=False)
+
+
+def _high_watermark(root: Path, offset: int) -> None:
+    OffsetCheckpointFile(root / "replication-offset-checkpoint").write({TP: offset})
+
+
+def _three_segments(root: Path, last_timestamp: int) -> LogWriter:
+    """Segments [0, 2) and [2, 4) rolled, the active one from 4; the second one's largest
+    timestamp is ``last_timestamp``."""
+    w = LogWriter(root / TP.dir_name)
+    w.data([b"a", b"b"], timestamps=[BASE_TS, BASE_TS])
+    w.roll()
+    w.data([b"a", b"b"], timestamps=[BASE_TS, last_timestamp])
+    w.roll()
+    w.data([b"a"], timestamps=[NOW])
+    w.close()
+    _high_watermark(root, w.next_offset)
+    return w
+
+
+def _offsets(root: Path, **rule: object):
+    manager = _manager(root, **rule)
+    managed = manager.logs()[TP]
+    checkpoint = OffsetCheckpointFile(root / CLEANER_OFFSET_CHECKPOINT).read().get(TP)
+    return manager.cleanable_offsets(managed, checkpoint, NOW)
+
+
+def test_min_compaction_lag_holds_back_only_a_segment_newer_than_now_minus_the_lag(tmp_path: Path) -> None:
+    lag = 10 * MINUTE
+    at_boundary, newer = tmp_path / "at", tmp_path / "newer"
+    for root, ts in ((at_boundary, NOW - lag), (newer, NOW - lag + 1)):
+        root.mkdir()
+        _three_segments(root, ts)
+    # largestTimestamp == now - lag: old enough (Kafka: uncleanable iff largestTimestamp > now - lag).
+    assert _offsets(at_boundary, minCompactionLagMs=lag).first_uncleanable_dirty_offset == 4
+    held = _offsets(newer, minCompactionLagMs=lag)
+    assert (held.first_uncleanable_dirty_offset, held.binding) == (2, "lag")
+
+
+def test_the_first_uncleanable_offset_is_never_below_the_first_dirty_offset(tmp_path: Path) -> None:
+    _three_segments(tmp_path, BASE_TS)
+    OffsetCheckpointFile(tmp_path / CLEANER_OFFSET_CHECKPOINT).write({TP: 4})
+    _high_watermark(tmp_path, 2)  # the LSO (2) is below the checkpoint (4)
+    offsets = _offsets(tmp_path)
+    assert (offsets.first_dirty_offset, offsets.first_uncleanable_dirty_offset) == (4, 4)
+
+
+def test_a_transaction_open_above_the_high_watermark_does_not_move_the_lso_past_it(tmp_path: Path) -> None:
+    w = LogWriter(tmp_path / TP.dir_name)
+    w.data([b"a", b"b"])  # 0, 1
+    w.roll()
+    w.data([b"a", b"b"])  # 2, 3
+    w.roll()
+    w.data([b"c"])  # 4
+    w.data([b"d"], pid=7, epoch=1, txn=True)  # 5: the transaction opens above the high watermark (3)
+    w.roll()
+    w.data([b"e"])
+    w.close()
+    _high_watermark(tmp_path, 3)
+    manager = _manager(tmp_path)
+    lso, high_watermark = manager.last_stable_offset(manager.logs()[TP], NOW)
+    assert (lso, high_watermark) == (3, 3)
+    assert _offsets(tmp_path).first_uncleanable_dirty_offset == 3
+
+
+def test_an_overdue_log_without_cleanable_bytes_is_not_picked(tmp_path: Path) -> None:
+    """KIP-354 makes a log whose oldest dirty data is past ``max.compaction.lag.ms`` need
+    compaction now; with nothing cleanable (here the high watermark is at the first dirty
+    offset, after a clean section) picking it would clean nothing, every round."""
+    _three_segments(tmp_path, BASE_TS)
+    OffsetCheckpointFile(tmp_path / CLEANER_OFFSET_CHECKPOINT).write({TP: 2})
+    _high_watermark(tmp_path, 2)
+    manager = _manager(tmp_path, maxCompactionLagMs=MINUTE)
+    ltc, _, delay = manager.log_to_clean(manager.logs()[TP], 2, NOW)
+    assert delay > 0 and ltc.needs_compaction_now and ltc.cleanable_bytes == 0 < ltc.clean_bytes
+    assert manager.grab_filthiest_compacted_log(NOW) is None
+    _high_watermark(tmp_path, 4)  # now there is something to clean: the overdue log goes first
+    assert _manager(tmp_path, maxCompactionLagMs=MINUTE).grab_filthiest_compacted_log(NOW) is not None
+
+
+def test_tombstones_removed_counts_the_tombstones_a_clean_removes(tmp_path: Path) -> None:
+    w = LogWriter(tmp_path / TP.dir_name)
+    w.data([b"a", b"b", b"c"])  # 0..2
+    w.data([b"a", b"b"], [None, None])  # 3, 4: tombstones
+    w.roll()
+    w.data([b"z"])
+    w.close()
+    _, first = clean_round(tmp_path / TP.dir_name, first_dirty=0, delete_retention_ms=0)
+    assert first.tombstones_removed == 0  # a tombstone first gets its delete horizon (KIP-534)
+    _, second = clean_round(tmp_path / TP.dir_name, first_dirty=0, now=NOW + 1, delete_retention_ms=0)
+    assert second.tombstones_removed == 2
