@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 
@@ -27,3 +28,15 @@ def real_kafka_root() -> pathlib.Path:
     if not REAL_KAFKA.is_dir():
         pytest.skip(f"real Kafka fixtures not found at {REAL_KAFKA} (they live in ../shared, beside the repo)")
     return REAL_KAFKA
+
+
+@pytest.fixture(autouse=True)
+def _root_log_level_restored() -> object:
+    """kopf's ``--verbose`` (the operator tests' runner) turns the root logger to DEBUG for
+    the whole process. Left so, every later test in that worker captures every DEBUG record
+    of the chatty clients (kafka-python, py4j): gigabytes for one real-broker test, which
+    ran a CI worker out of memory."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    root.setLevel(level)

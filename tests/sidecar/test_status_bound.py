@@ -108,13 +108,16 @@ def test_a_small_broker_is_not_cut() -> None:
 
 
 def test_ten_thousand_partition_dirs_through_the_sidecar(tmp_path: Path) -> None:
-    """10,000 real (empty) partition directories scanned by the sidecar."""
+    """10,000 partition directories as a broker creates them (an empty first segment; a
+    ``name-N`` directory without a segment file is not a partition) scanned by the sidecar."""
     data = tmp_path / "data"
     data.mkdir()
     (data / "meta.properties").write_text("version=1\nnode.id=1\ncluster.id=test\n")
     for t in range(100):
         for p in range(100):
-            (data / f"topic-{t:03d}-{'y' * 150}-{p}").mkdir()
+            partition = data / f"topic-{t:03d}-{'y' * 150}-{p}"
+            partition.mkdir()
+            (partition / "00000000000000000000.log").touch()
     sc = new_sidecar(write_policy(tmp_path / "policy.yaml"), [data])
     sc.tick()
     doc = status_of(sc)
