@@ -40,3 +40,28 @@ def _root_log_level_restored() -> object:
     level = root.level
     yield
     root.setLevel(level)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--kafka-line",
+        default=None,
+        help="Run the real-Kafka tests on this Kafka line only (4.3.1 or 3.9.2); default: both.",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--kafka-line``: deselect the real-Kafka tests parametrised with another line."""
+    line = config.getoption("--kafka-line")
+    if line is None:
+        return
+    keep, drop = [], []
+    for item in items:
+        params = getattr(item, "callspec", None)
+        other = params is not None and any(
+            params.params.get(name) not in (None, line) for name in ("line", "kafka_version")
+        )
+        (drop if other else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
