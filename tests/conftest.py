@@ -13,9 +13,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 REAL_KAFKA = SHARED / "fixtures" / "real-kafka"
 
-settings.register_profile(
-    "default", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=100
-)
+settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=100)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 

@@ -24,6 +24,8 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_LINES = ("4.3.1", "3.9.2")
 
@@ -34,6 +36,16 @@ def libs(line: str) -> Path:
 
 def available(line: str) -> bool:
     return (libs(line).parent / ".complete").exists()
+
+
+EACH_KAFKA_LINE = pytest.mark.parametrize(
+    "line",
+    [
+        pytest.param(line, marks=pytest.mark.skipif(not available(line), reason=f"run make setup (Kafka {line})"))
+        for line in KAFKA_LINES
+    ],
+)
+"""A test's ``line`` parameter: each Kafka line, skipped (with the reason) without its jars."""
 
 
 def _free_port() -> int:

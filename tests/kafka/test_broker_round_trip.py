@@ -28,20 +28,14 @@ from pathlib import Path
 
 import pytest
 from broker_workload import CLI, DAY_MS, PARTITIONS, POLICY, TOPIC, Rec, latest, live, produce_workload, read_all
-from kafka_broker import KAFKA_LINES, RealBroker, available
+from kafka_broker import EACH_KAFKA_LINE, RealBroker
 
 from cleaner.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleaner.storage.topic_partition import TopicPartition
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.parametrize(
-        "line",
-        [
-            pytest.param(line, marks=pytest.mark.skipif(not available(line), reason=f"run make setup (Kafka {line})"))
-            for line in KAFKA_LINES
-        ],
-    ),
+    EACH_KAFKA_LINE,
 ]
 
 

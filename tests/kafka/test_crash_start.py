@@ -21,19 +21,13 @@ from pathlib import Path
 
 import pytest
 from broker_workload import CLI, PARTITIONS, POLICY, TOPIC, live, produce_workload, read_all
-from kafka_broker import KAFKA_LINES, RealBroker, available
+from kafka_broker import EACH_KAFKA_LINE, RealBroker
 
 from cleaner.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.parametrize(
-        "line",
-        [
-            pytest.param(line, marks=pytest.mark.skipif(not available(line), reason=f"run make setup (Kafka {line})"))
-            for line in KAFKA_LINES
-        ],
-    ),
+    EACH_KAFKA_LINE,
 ]
 
 KILLS = 20

@@ -18,19 +18,13 @@ from pathlib import Path
 
 import pytest
 from broker_workload import CLI, POLICY
-from kafka_broker import KAFKA_LINES, available, libs
+from kafka_broker import EACH_KAFKA_LINE, libs
 
 from cleaner.generate import GeneratorConfig, generate
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.parametrize(
-        "line",
-        [
-            pytest.param(line, marks=pytest.mark.skipif(not available(line), reason=f"run make setup (Kafka {line})"))
-            for line in KAFKA_LINES
-        ],
-    ),
+    EACH_KAFKA_LINE,
 ]
 
 

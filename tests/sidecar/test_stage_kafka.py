@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 from faults import StepFaults
-from kafka_broker import KAFKA_LINES, RealBroker, available, partition_files
+from kafka_broker import EACH_KAFKA_LINE, RealBroker, partition_files
 from sidecar_helpers import KAFKA_CLEANER, new_sidecar, next_scan, status_of, write_policy
 
 from cleaner.clock import MockTime
@@ -42,13 +42,7 @@ from cleaner.storage.lock import LogDirLock
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.parametrize(
-        "line",
-        [
-            pytest.param(line, marks=pytest.mark.skipif(not available(line), reason=f"run make setup (Kafka {line})"))
-            for line in KAFKA_LINES
-        ],
-    ),
+    EACH_KAFKA_LINE,
 ]
 
 TOPIC = "orders"
