@@ -58,8 +58,9 @@ def test_every_crash_of_a_checkpoint_write_leaves_a_whole_checkpoint(tmp_path: P
 
 
 def test_every_crash_of_the_spark_commits_checkpoint_update_leaves_a_whole_checkpoint(tmp_path: Path) -> None:
-    for tp in NEW:
+    for tp in NEW:  # partitions as a broker creates them: with a first (empty) segment
         (tmp_path / tp.dir_name).mkdir()
+        (tmp_path / tp.dir_name / "00000000000000000000.log").touch()
     OffsetCheckpointFile(tmp_path / CLEANER_OFFSET_CHECKPOINT).write(OLD)
     failures = _failures(
         tmp_path,
