@@ -1,39 +1,61 @@
 """The ``kafka-cleaner`` command.
 
 Each subcommand lives with the code it drives (``cleaner.dump``, ``cleaner.generate``, ...);
-this module only assembles them and maps errors to exit codes:
-0 ok, 2 usage or policy error, 3 some partition uncleanable, 4 log dir locked by a broker.
+this module only assembles them, lazily: a subcommand's module (and numpy, the engine, the
+sidecar, Spark's bindings) is imported only when that subcommand runs, so ``--help`` and
+every command start no slower than they must. Exit codes: 0 ok, 2 usage or policy error, 3
+some partition uncleanable, 4 log dir locked by a broker, 130/143 interrupted.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from cleaner import __version__
-from cleaner.commands import clean_command, run_command, status_command
-from cleaner.demo import demo_command
-from cleaner.dump import dump
-from cleaner.generate import generate_command
-from cleaner.sidecar.command import sidecar_command
-from cleaner.sidecar.stage_cli import stage_group
-from cleaner.spark.cli import spark_group
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "clean": ("cleaner.commands:clean_command", "Clean Kafka log dirs until no partition is eligible, then exit."),
+    "demo": ("cleaner.demo:demo_command", "Generate a realistic Kafka log dir and clean it, showing before and after."),
+    "dump": (
+        "cleaner.dump:dump",
+        "Print the contents of a Kafka log file, partition directory or log dir (like kafka-dump-log.sh).",
+    ),
+    "generate": (
+        "cleaner.generate:generate_command",
+        "Write a realistic Kafka broker log dir into DATA_DIR (empty or absent).",
+    ),
+    "run": ("cleaner.commands:run_command", "Run the cleaner threads (with backoff) until SIGTERM/SIGINT."),
+    "sidecar": ("cleaner.sidecar.command:sidecar_command", "Run next to a Kafka broker: observe, compact or stage."),
+    "spark": ("cleaner.spark.cli:spark_group", "Scale-out on Apache Spark: fleet reports, many partitions, huge ones."),
+    "stage": ("cleaner.sidecar.stage_cli:stage_group", "Stage mode's staged sets: status, commit, discard."),
+    "status": ("cleaner.commands:status_command", "Per partition: cleanable ratio, eligible or why not."),
+}
+"""Name -> (where the command is, the line ``kafka-cleaner --help`` shows for it)."""
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A group that imports a subcommand's module only to run it (or show its own help)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in SUBCOMMANDS:
+            return None
+        module, _, attribute = SUBCOMMANDS[cmd_name][0].partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, SUBCOMMANDS[name][1]) for name in self.list_commands(ctx)])
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kafka-cleaner")
 def main() -> None:
     """Apache Kafka's log cleaner (log compaction), byte-compatible with Kafka."""
-
-
-main.add_command(dump)
-main.add_command(generate_command)
-main.add_command(clean_command)
-main.add_command(run_command)
-main.add_command(status_command)
-main.add_command(demo_command)
-main.add_command(sidecar_command)
-main.add_command(stage_group)
-main.add_command(spark_group)
 
 
 if __name__ == "__main__":  # pragma: no cover
