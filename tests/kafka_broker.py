@@ -178,15 +178,19 @@ class RealBroker:
         return self
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
+        self.wait_for_log("Kafka Server started", timeout_s)
+
+    def wait_for_log(self, text: str, timeout_s: float = 90.0) -> None:
+        """Until the log since the last start has ``text``; fails if the broker exits first."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise AssertionError(f"the broker exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if "Kafka Server started" in self.log_since_start():
+            if text in self.log_since_start():
                 return
             time.sleep(0.1)
-        raise AssertionError(f"the broker did not start within {timeout_s} s:\n{self.log_tail()}")
+        raise AssertionError(f"the broker did not log {text!r} within {timeout_s} s:\n{self.log_tail()}")
 
     def exited(self, timeout_s: float) -> int | None:
         """The broker's exit code if it exits within ``timeout_s`` (a start that failed)."""
