@@ -20,9 +20,11 @@ from cleaner.config import CleanerConfig, Policy
 from cleaner.engine.log_cleaner import CleanResult, LogCleaner
 from cleaner.engine.manager import LogCleanerManager, ManagedLog, PartitionReport
 from cleaner.engine.next_clean import NextCleanCache, NextCleanEstimate, estimate_next_clean, section_shape
-from cleaner.errors import KafkaCleanerError, LogDirLockedError
+from cleaner.errors import CorruptRecordError, KafkaCleanerError, LogDirLockedError, truncated_batch
+from cleaner.records.batch import LOG_OVERHEAD
 from cleaner.segment_facts import FactsCache, SegmentFacts
 from cleaner.storage.log_dir import LogDirectory
+from cleaner.storage.segment import LogSegment
 from cleaner.storage.topic_partition import TopicPartition
 
 log = logging.getLogger("cleaner.cleaning")
@@ -204,7 +206,10 @@ def status(
     logs = manager.logs()
     for report in manager.report(now):
         managed = logs[report.topic_partition]
-        facts = _log_facts(managed, cache, throttle)
+        facts, damage = _log_facts(managed, cache, throttle)
+        if damage is not None and report.reason != "uncleanable":
+            # What the cleaner will meet when it reads this segment: said now, with its cause.
+            report.eligible, report.reason, report.uncleanable_reason = False, "uncleanable", damage
         estimate = _next_clean(managed, report, policy, next_clean, now, throttle) if next_clean else None
         out.append(PartitionStatus(report, facts, now, estimate))
     if next_clean is not None:
@@ -247,16 +252,32 @@ def _next_clean(
 
 def _log_facts(
     managed: ManagedLog, cache: FactsCache, throttle: Callable[[int], None] | None = None
-) -> SegmentFacts | None:
+) -> tuple[SegmentFacts | None, str | None]:
+    """The partition's record facts, and the damage found in a segment the cleaner reads
+    (every one but the active segment): a batch cut short by the end of its file, or bytes
+    that do not decode. A broker may be writing the active segment, so an incomplete tail
+    there is not damage."""
     segments = managed.log.segments
     total = SegmentFacts()
-    try:
-        for i, segment in enumerate(segments):
-            total = total + cache.facts(segment, active=i == len(segments) - 1, throttle=throttle)
-    except (KafkaCleanerError, OSError) as e:
-        log.warning("cannot scan %s: %s", managed.topic_partition, e)
-        return None
-    return total
+    for i, segment in enumerate(segments):
+        active = i == len(segments) - 1
+        try:
+            facts = cache.facts(segment, active=active, throttle=throttle)
+        except (KafkaCleanerError, OSError) as e:
+            log.warning("cannot scan %s: %s", managed.topic_partition, e)
+            return None, None if active else str(e)
+        total = total + facts
+        if not active and facts.bytes_scanned < segment.size:
+            return total, str(_truncation(segment, facts.bytes_scanned))
+    return total, None
+
+
+def _truncation(segment: LogSegment, position: int) -> CorruptRecordError:
+    """The batch at ``position`` that the end of the file cuts short, in the cleaner's words."""
+    left = segment.size - position
+    header = segment.read(position, LOG_OVERHEAD)
+    needed = int.from_bytes(header[8:12], "big", signed=True) + LOG_OVERHEAD if len(header) == LOG_OVERHEAD else None
+    return truncated_batch(segment.log_path, position, needed, left)
 
 
 __all__ = ["CleanOutcome", "LogDirLockedError", "PartitionStatus", "clean", "locked", "status"]

@@ -33,7 +33,7 @@ from typing import Any
 import click
 import numpy as np
 
-from cleaner.errors import CorruptDataError, CorruptIndexError, CorruptRecordError, KafkaCleanerError
+from cleaner.errors import CorruptDataError, CorruptIndexError, CorruptRecordError, KafkaCleanerError, truncated_batch
 from cleaner.records.batch import (
     INT32_MAX,
     LOG_OVERHEAD,
@@ -135,6 +135,10 @@ def _codec_name(codec: int) -> str:
         return CompressionType(codec).kafka_name
     except ValueError:
         return f"unknown({codec})"
+
+
+_PRINTED_PER_FILE = 20
+"""Problems of one file printed on stderr; the count and ``--json`` have them all."""
 
 
 class _Output:
@@ -239,11 +243,13 @@ class _Output:
         self.line(text)
 
     def problem(self, problem: Problem) -> None:
-        """Printed to stderr at once (after the stdout lines written so far)."""
-        self.flush()
-        click.echo(str(problem), err=True)
+        """Printed to stderr at once (after the stdout lines written so far), the first
+        ``_PRINTED_PER_FILE`` of a file; every one is counted and is in the JSON."""
         self._problems.append(problem)
         self.problem_count += 1
+        if len(self._problems) <= _PRINTED_PER_FILE:
+            self.flush()
+            click.echo(str(problem), err=True)
 
     def end_file(self, **fields: Any) -> None:
         if not self._in_file:
@@ -254,6 +260,13 @@ class _Output:
             self.close_items()
         if self._problems:
             self.files_with_problems += 1
+        if len(self._problems) > _PRINTED_PER_FILE:
+            self.flush()
+            click.echo(
+                f"{self._problems[0].path}: {len(self._problems) - _PRINTED_PER_FILE} more problem(s) not shown "
+                "(--json lists every one)",
+                err=True,
+            )
         if self.as_json:
             self._summary.update(fields)
             parts = [f", {json.dumps(k)}: {json.dumps(v)}" for k, v in self._summary.items()]
@@ -553,15 +566,7 @@ def _scan_log(
                 want = need  # one batch larger than the read buffer: grow for it
                 continue
             offset = struct.unpack_from(">q", buf, 0)[0] if len(buf) >= 8 else None
-            needs = f" (the batch needs {need} bytes)" if need is not None else ""
-            report(
-                Problem(
-                    path,
-                    f"{remaining} bytes of a truncated batch at position {pos}{needs}",
-                    pos,
-                    offset,
-                )
-            )
+            report(Problem(path, truncated_batch(path, pos, need, remaining).reason, pos, offset))
             end.valid_bytes = pos
             end.trailing = remaining
             return
@@ -670,7 +675,7 @@ class _IndexWitness:
         return self.time_index.verify_against(lasts, running, closed=closed)
 
 
-_ENTRY_PROBLEM = re.compile(r"entry (\d+):")
+_ENTRY_PROBLEM = re.compile(r"entr(?:y|ies) (\d+)\b")
 
 
 def _index_problems(

@@ -15,6 +15,12 @@ class KafkaCleanerError(Exception):
     """Base class of every error this package raises on purpose."""
 
 
+def failure_reason(error: BaseException) -> str:
+    """A failure as one line for a person: our own errors already name the file, position
+    and reason; anything else (a bug, an OS error) keeps its type's name."""
+    return str(error) if isinstance(error, KafkaCleanerError) else f"{type(error).__name__}: {error}"
+
+
 class CorruptDataError(KafkaCleanerError):
     """Bytes on disk that do not follow Kafka's format.
 
@@ -67,6 +73,17 @@ class CorruptDataError(KafkaCleanerError):
 
 class CorruptRecordError(CorruptDataError):
     """A record batch or record violates the format (Kafka: CorruptRecordException)."""
+
+
+def truncated_batch(
+    path: str | os.PathLike[str] | None, position: int, needed: int | None, left: int
+) -> CorruptRecordError:
+    """The one wording of a batch cut short by the end of its file (a truncated copy, a
+    disk that filled up), used by ``dump``, ``status`` and the cleaner alike."""
+    needs = f" of the {needed} the batch needs" if needed is not None else ""
+    return CorruptRecordError(
+        f"truncated batch: the file ends {left} byte(s) into it{needs}", path=path, position=position
+    )
 
 
 class InvalidRecordError(CorruptRecordError):

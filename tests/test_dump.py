@@ -533,8 +533,8 @@ def test_truncated_and_zero_filled_tails(partition: pathlib.Path, tmp_path: path
     assert result.exit_code == 1
     missing = len(data) - 10 - pos[1]
     assert problems(result)[0] == (
-        f"{log}: byte {pos[1]}, offset 19: {missing} bytes of a truncated batch at position {pos[1]} "
-        f"(the batch needs {len(data) - pos[1]} bytes)"
+        f"{log}: byte {pos[1]}, offset 19: truncated batch: the file ends {missing} byte(s) into it "
+        f"of the {len(data) - pos[1]} the batch needs"
     )
     assert f"Found {missing} invalid bytes at the end of {log.name}" in result.stdout
     # The index entry that pointed at the lost batch is now beyond the log.

@@ -42,8 +42,9 @@ from cleaner.errors import (
     LogCleaningAbortedError,
     LogSegmentOffsetOverflowError,
     SwapIncompleteError,
+    truncated_batch,
 )
-from cleaner.records.batch import INT32_MAX, TimestampType
+from cleaner.records.batch import INT32_MAX, LOG_OVERHEAD, TimestampType
 from cleaner.records.builder import build_batch, build_empty_batch, rebuild_batches
 from cleaner.records.columns import RecordColumns, decode_records
 from cleaner.records.control import ControlRecordType
@@ -291,20 +292,18 @@ class Cleaner:
     ) -> None:
         where = f"log segment {segment.log_path} at position {position}"
         if self.read_capacity >= max_message_bytes:
+            left = segment.size - position
+            if next_size is None and left < LOG_OVERHEAD:  # not even a whole length field is left
+                raise truncated_batch(segment.log_path, position, None, left)
             if next_size is None:
                 raise CorruptRecordError(
                     f"could not determine the next batch size for {where}", path=segment.log_path, position=position
                 )
+            if next_size > left:  # checked first: a batch cut short by the end of the file
+                raise truncated_batch(segment.log_path, position, next_size, left)
             if next_size <= self.read_capacity:
                 raise CorruptRecordError(
                     f"batch of {next_size} bytes fits the buffer but was not read, {where}",
-                    path=segment.log_path,
-                    position=position,
-                )
-            left = segment.size - position
-            if next_size > left:
-                raise CorruptRecordError(
-                    f"log segment may be corrupt: batch size {next_size} > {left} bytes left in segment",
                     path=segment.log_path,
                     position=position,
                 )

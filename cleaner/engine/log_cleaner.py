@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from cleaner.clock import Time
 from cleaner.config import CleanerConfig
-from cleaner.errors import LogCleaningAbortedError, ThreadShutdownError
+from cleaner.errors import LogCleaningAbortedError, ThreadShutdownError, failure_reason
 from cleaner.storage.topic_partition import TopicPartition
 
 from .cleaner import Cleaner, LogToClean
@@ -130,16 +130,13 @@ class CleanerThread(threading.Thread):
             # Kafka's warning, with the cause on the same line; the traceback only at debug
             # level (a person on call needs the file, position and reason, not our stack).
             log.warning(
-                "Unexpected exception thrown when cleaning log %s. Marking its partition (%s) as uncleanable: %s: %s",
+                "Unexpected exception thrown when cleaning log %s. Marking its partition (%s) as uncleanable: %s",
                 e.managed.log.name,
                 e.managed.topic_partition,
-                type(e.cause).__name__,
-                e.cause,
+                failure_reason(e.cause),
             )
             log.debug("The cause of %s's failure", e.managed.topic_partition, exc_info=e.cause)
-            manager.mark_partition_uncleanable(
-                e.managed.log_dir, e.managed.topic_partition, f"{type(e.cause).__name__}: {e.cause}"
-            )
+            manager.mark_partition_uncleanable(e.managed.log_dir, e.managed.topic_partition, failure_reason(e.cause))
             self.pool.notify_uncleanable(e.managed, e.cause)
             cleaned = False
         manager.maintain_uncleanable_partitions()

@@ -24,7 +24,7 @@ import numpy as np
 from cleaner.clock import Time
 from cleaner.config import Policy, TopicRule
 from cleaner.effective_config import EffectiveRule, effective_rule
-from cleaner.errors import KafkaCleanerError, LogCleaningAbortedError
+from cleaner.errors import KafkaCleanerError, LogCleaningAbortedError, failure_reason
 from cleaner.storage.cluster_metadata import ClusterMetadata, ClusterMetadataReader, find_metadata_dir
 from cleaner.storage.log import Log, LogConfig, replay_batches
 from cleaner.storage.log_dir import LogDirectory
@@ -62,7 +62,7 @@ class LogCleaningException(KafkaCleanerError):
     def __init__(self, managed: ManagedLog, cause: BaseException) -> None:
         self.managed = managed
         self.cause = cause
-        super().__init__(f"{managed.topic_partition}: {type(cause).__name__}: {cause}")
+        super().__init__(f"{managed.topic_partition}: {failure_reason(cause)}")
 
 
 def log_config_for(rule: TopicRule) -> LogConfig:
@@ -466,7 +466,7 @@ class LogCleanerManager:
                     if offsets.force_update_checkpoint:
                         self.update_checkpoints(managed.log_dir, update=(tp, offsets.first_dirty_offset))
                 except Exception as e:
-                    self.mark_partition_uncleanable(managed.log_dir, tp, f"{type(e).__name__}: {e}")
+                    self.mark_partition_uncleanable(managed.log_dir, tp, failure_reason(e))
                     continue
                 pre_stats.update_max_compaction_delay(delay)
                 if ltc.total_bytes > 0:
@@ -516,7 +516,7 @@ class LogCleanerManager:
             report.last_stable_offset, report.high_watermark = self.last_stable_offset(managed, now)
         except Exception as e:
             report.reason = "uncleanable"
-            report.uncleanable_reason = f"{type(e).__name__}: {e}"
+            report.uncleanable_reason = failure_reason(e)
             return report
         report.first_dirty_offset = ltc.first_dirty_offset
         report.first_uncleanable_offset = ltc.first_uncleanable_offset

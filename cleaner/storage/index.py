@@ -41,7 +41,6 @@ DEFAULT_MAX_INDEX_SIZE = 10 * 1024 * 1024  # segment.index.bytes default
 NO_TIMESTAMP = -1  # RecordBatch.NO_TIMESTAMP
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
-_MAX_PROBLEMS = 50
 
 OFFSET_INDEX_DTYPE = np.dtype([("relative_offset", ">i4"), ("position", ">i4")])
 TIME_INDEX_DTYPE = np.dtype([("timestamp", ">i8"), ("relative_offset", ">i4")])
@@ -87,10 +86,20 @@ def _fspath(path: PathLike | None) -> str | None:
     return os.fspath(path) if path is not None else None
 
 
-def _capped(problems: list[str]) -> list[str]:
-    if len(problems) <= _MAX_PROBLEMS:
-        return problems
-    return [*problems[:_MAX_PROBLEMS], f"... and {len(problems) - _MAX_PROBLEMS} more problems"]
+def _beyond_the_log(beyond: np.ndarray, offsets: np.ndarray, log_last: int | None, suffix: str = "") -> list[str]:
+    """One problem for every entry whose offset lies past the log's last offset: they share
+    one cause (a log cut short, an index not truncated with it), so a truncation shows as
+    one finding, not as one line per lost entry."""
+    where = np.flatnonzero(beyond)
+    if not len(where):
+        return []
+    first, last = int(where[0]), int(where[-1])
+    if len(where) == 1:
+        return [f"entry {first}: offset {int(offsets[first])} is beyond the log (last offset {log_last}){suffix}"]
+    return [
+        f"entries {first} to {last} ({len(where)} entries): offsets {int(offsets[first])} to {int(offsets[last])} "
+        f"are beyond the log (last offset {log_last}){suffix}"
+    ]
 
 
 class _Columns:
@@ -473,19 +482,17 @@ class OffsetIndex(_FixedSizeIndex):
         k = np.searchsorted(starts, pos, side="left")
         kk = np.minimum(k, max(len(starts) - 1, 0))
         is_start = (k < len(starts)) & (starts[kk] == pos) if len(starts) else np.zeros(n, dtype=bool)
+        beyond = offs > (log_last if log_last is not None else self.base_offset - 1)
+        problems += _beyond_the_log(beyond, offs, log_last, ": index beyond the log")
         # Vectorised screening; only suspicious entries are looked at one by one.
-        suspect = ~is_start | (offs > (log_last if log_last is not None else self.base_offset - 1))
+        suspect = ~is_start
         if len(starts):
             prev_last = np.where(kk > 0, lasts[np.maximum(kk - 1, 0)], np.iinfo(np.int64).min)
             suspect |= prev_last >= offs
             if exact:
                 suspect |= lasts[kk] != offs
-        for i in np.nonzero(suspect)[0]:
+        for i in np.nonzero(suspect & ~beyond)[0]:
             o, p = int(offs[i]), int(pos[i])
-            if log_last is None or o > log_last:
-                problems.append(
-                    f"entry {i}: offset {o} is beyond the log (last offset {log_last}): index beyond the log"
-                )
             if not is_start[i]:
                 if not len(starts) or p > starts[-1]:
                     problems.append(f"entry {i}: position {p} is at or past the last batch of the log")
@@ -500,7 +507,7 @@ class OffsetIndex(_FixedSizeIndex):
                 )
             if exact and lasts[b] != o:
                 problems.append(f"entry {i}: offset {o} is not the lastOffset {lasts[b]} of the batch at position {p}")
-        return _capped(problems)
+        return problems
 
     def to_bytes(self) -> bytes:
         rows = np.empty(self.entries, dtype=self.DTYPE)
@@ -711,17 +718,17 @@ class TimeIndex(_FixedSizeIndex):
         for i in np.nonzero(np.diff(offs) < 0)[0] + 1:
             problems.append(f"entry {i}: offset {offs[i]} is below the previous entry's {offs[i - 1]}")
         log_last = int(lasts[-1]) if len(lasts) else None
+        beyond = np.zeros(n, dtype=bool)
         if n:
             k = np.searchsorted(lasts, offs, side="left")
             expected_ts = running[np.minimum(k, len(running) - 1)] if len(running) else np.zeros(n, np.int64)
-            suspect = (offs < self.base_offset) | (k >= len(lasts)) | (ts != expected_ts)
+            beyond = (offs >= self.base_offset) & (k >= len(lasts))
+            problems += _beyond_the_log(beyond, offs, log_last)
+            suspect = (offs < self.base_offset) | ((ts != expected_ts) & ~beyond)
             for i in np.nonzero(suspect)[0]:
                 t, o = int(ts[i]), int(offs[i])
                 if o < self.base_offset:
                     problems.append(f"entry {i}: offset {o} is below the base offset {self.base_offset}")
-                    continue
-                if log_last is None or o > log_last:
-                    problems.append(f"entry {i}: offset {o} is beyond the log (last offset {log_last})")
                     continue
                 expected = int(running[int(k[i])])
                 if t != expected:
@@ -737,11 +744,11 @@ class TimeIndex(_FixedSizeIndex):
                         f"time index is empty but the segment's max timestamp is {seg_max} "
                         f"(the broker would fall back to the file's mtime)"
                     )
-                elif int(ts[-1]) != seg_max:
+                elif int(ts[-1]) != seg_max and not beyond[-1]:  # else: already said, beyond the log
                     problems.append(
                         f"last entry has timestamp {int(ts[-1])}, not the segment's max timestamp {seg_max}"
                     )
-        return _capped(problems)
+        return problems
 
     def to_bytes(self) -> bytes:
         rows = np.empty(self.entries, dtype=self.DTYPE)
