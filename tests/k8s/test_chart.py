@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import pathlib
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -67,6 +68,27 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 def test_the_chart_ships_the_crd_unchanged() -> None:
     shipped = (CHART / "crds" / "compactionpolicy.yaml").read_bytes()
     assert shipped == (REPO / "crds" / "compactionpolicy.yaml").read_bytes()
+
+
+def test_the_readme_lists_every_value_of_values_yaml() -> None:
+    """Each leaf of values.yaml is in the README's table by its full dotted name, or its map
+    is (``resources``, ``podSecurityContext``: passed through as a whole)."""
+    readme = (CHART / "README.md").read_text()
+    documented = set(re.findall(r"`([\w.]+)`", readme))
+
+    def leaves(values: dict[str, Any], prefix: str = "") -> list[str]:
+        out = []
+        for key, value in values.items():
+            name = prefix + key
+            out += leaves(value, name + ".") if isinstance(value, dict) and value else [name]
+        return out
+
+    def listed(name: str) -> bool:
+        parts = name.split(".")
+        return any(".".join(parts[:i]) in documented for i in range(1, len(parts) + 1))
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert [name for name in leaves(values) if not listed(name)] == []
 
 
 def test_the_readme_says_how_to_upgrade_the_crd() -> None:
