@@ -66,14 +66,16 @@ def clean(
     threads: int | None = None,
     io_meter: Callable[[int], None] | None = None,
     stop: threading.Event | None = None,
+    only: Callable[[TopicPartition], bool] | None = None,
 ) -> CleanOutcome:
     """Run cleaning rounds with the policy's cleaner settings until no partition is
-    eligible. A partition that fails is marked uncleanable and reported; the others go on."""
+    eligible. A partition that fails is marked uncleanable and reported; the others go on.
+    ``only`` (the CLI's ``--topic``/``--partition``) limits the partitions considered."""
     log_dirs = [LogDirectory(p) for p in paths]
-    config = policy.cleaner if threads is None else _with_threads(policy, threads)
+    config = with_threads(policy, threads)
     outcome = CleanOutcome()
     with locked(log_dirs):
-        manager = LogCleanerManager(log_dirs, policy, time)
+        manager = LogCleanerManager(log_dirs, policy, time, only=only)
         managed = manager.logs()
         outcome.bytes_before = _total_bytes(managed.values())
         stop = stop or threading.Event()
@@ -97,8 +99,18 @@ def clean(
     return outcome
 
 
-def _with_threads(policy: Policy, threads: int) -> CleanerConfig:
-    return replace(policy.cleaner, threads=threads)
+def with_threads(policy: Policy, threads: int | None) -> CleanerConfig:
+    """The policy's cleaner settings, with ``--threads`` when given."""
+    return policy.cleaner if threads is None else replace(policy.cleaner, threads=threads)
+
+
+def reports(
+    paths: Sequence[str | Path], policy: Policy, time: Time, *, only: Callable[[TopicPartition], bool] | None = None
+) -> list[PartitionReport]:
+    """Every matched partition's cleaning picture from its files' sizes and offsets only
+    (no record is read): what ``clean`` decides from, computed read-only."""
+    log_dirs = [LogDirectory(p, read_only=True) for p in paths]
+    return LogCleanerManager(log_dirs, policy, time, write_checkpoints=False, only=only).report(time.milliseconds())
 
 
 def _total_bytes(logs: Iterable[ManagedLog]) -> int:
@@ -193,13 +205,14 @@ def status(
     manager: LogCleanerManager | None = None,
     throttle: Callable[[int], None] | None = None,
     next_clean: NextCleanCache | None = None,
+    only: Callable[[TopicPartition], bool] | None = None,
 ) -> list[PartitionStatus]:
     """Every matched partition's cleaning picture, computed read-only: safe next to a
     live broker (no file is created, changed or locked). With ``next_clean``, also what
     the next clean of each compacted partition would meet (``engine.next_clean``): it
     reads every record of the cleanable section once, then only when that changes."""
     log_dirs = [LogDirectory(p, read_only=True) for p in paths]
-    manager = manager or LogCleanerManager(log_dirs, policy, time, write_checkpoints=False)
+    manager = manager or LogCleanerManager(log_dirs, policy, time, write_checkpoints=False, only=only)
     cache = facts_cache or FactsCache()
     now = time.milliseconds()
     out = []
@@ -280,4 +293,13 @@ def _truncation(segment: LogSegment, position: int) -> CorruptRecordError:
     return truncated_batch(segment.log_path, position, needed, left)
 
 
-__all__ = ["CleanOutcome", "LogDirLockedError", "PartitionStatus", "clean", "locked", "status"]
+__all__ = [
+    "CleanOutcome",
+    "LogDirLockedError",
+    "PartitionStatus",
+    "clean",
+    "locked",
+    "reports",
+    "status",
+    "with_threads",
+]

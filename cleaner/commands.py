@@ -1,8 +1,9 @@
 """``kafka-cleaner clean``, ``run`` and ``status``: the cleaner's own commands.
 
-Exit codes (scripts depend on them): 0 all went well, 2 usage or policy error, 3 some
-partition became uncleanable (each named on stderr with its reason), 4 a log dir is
-locked by another process (a running broker).
+Exit codes (scripts depend on them): 0 all went well, 1 ``status --fail-on`` matched,
+2 usage or policy error, 3 some partition became uncleanable (each named on stderr with its
+reason), 4 a log dir is locked by another process (a running broker), 130/143 ``clean``
+interrupted by SIGINT/SIGTERM (what was done and what was not is printed).
 """
 
 from __future__ import annotations
@@ -13,26 +14,26 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-from rich.table import Table
 
-from cleaner import cleaning
+from cleaner import cleaning, log_format
 from cleaner.clock import SYSTEM_TIME, FixedTime, Time
 from cleaner.config import Mode, Policy, load_policy
-from cleaner.engine.log_cleaner import LogCleaner
-from cleaner.engine.manager import LogCleanerManager
+from cleaner.engine.log_cleaner import CleanResult, LogCleaner
+from cleaner.engine.manager import LogCleanerManager, PartitionReport
 from cleaner.engine.next_clean import NextCleanCache
 from cleaner.errors import KafkaCleanerError, LogDirLockedError, PolicyError
+from cleaner.output import ByteProgress, Bytes, Column, binary_bytes, output_option, print_table, resolve_format
+from cleaner.partition_filter import filter_options, partition_filter
 from cleaner.sidecar.guards import refusal_lines
 from cleaner.storage.log_dir import LogDirectory, is_kafka_log_dir
-from cleaner.storage.topic_partition import parse_partition_dir
+from cleaner.storage.topic_partition import TopicPartition, parse_partition_dir
 
-EXIT_OK, EXIT_USAGE, EXIT_UNCLEANABLE, EXIT_LOCKED = 0, 2, 3, 4
+EXIT_OK, EXIT_FAIL_ON, EXIT_USAGE, EXIT_UNCLEANABLE, EXIT_LOCKED = 0, 1, 2, 3, 4
+
 
 def _kafka_log_dirs(ctx: click.Context, param: click.Parameter, paths: tuple[Path, ...]) -> tuple[Path, ...]:
     """Only what Kafka itself would take for a log dir (``is_kafka_log_dir``): no command
@@ -69,6 +70,26 @@ now_option = click.option(
     default=None,
     help="Fix the clock (epoch ms) for delete horizons, compaction lags and producer expiry.",
 )
+threads_option = click.option(
+    "--threads", type=click.IntRange(min=1), default=None, help="Cleaner threads (default: the policy's)."
+)
+force_mode_option = click.option(
+    "--force-mode",
+    is_flag=True,
+    help="Compact even though the policy's mode is observe or stage (the mode is what the sidecar obeys).",
+)
+
+
+def require_compact_mode(policy: Policy, policy_path: Path, force_mode: bool, command: str) -> None:
+    """Only a policy whose ``mode`` is ``compact`` lets a command compact in place."""
+    if policy.mode is Mode.COMPACT or force_mode:
+        return
+    click.echo(
+        f"kafka-cleaner: the policy's mode is {policy.mode} (a policy without `mode` observes), and "
+        f"{command} compacts in place; set `mode: compact` in {policy_path}, or pass --force-mode",
+        err=True,
+    )
+    sys.exit(EXIT_USAGE)
 
 
 def load_policy_or_exit(policy_path: Path) -> Policy:
@@ -98,83 +119,116 @@ def exit_codes_for_errors() -> Iterator[None]:
         sys.exit(EXIT_USAGE)
 
 
-def _mb(n: float) -> str:
-    return f"{n / 1048576:,.1f} MiB"
+def why_not(r: PartitionReport) -> str:
+    """Why a partition is held back, as a sentence with its numbers."""
+    if r.reason == "ratio":
+        return f"cleanable ratio {r.cleanable_ratio:.2f} is not above min.cleanable.dirty.ratio {r.min_cleanable_ratio}"
+    if r.reason == "activeSegment":
+        return "nothing to clean below the active segment (Kafka never cleans the active segment)"
+    if r.reason == "lso":
+        holder = r.lso_holder
+        by = f" (producer {holder.producer_id} since offset {holder.first_offset})" if holder else ""
+        return f"an open transaction holds the last stable offset at {r.last_stable_offset}{by}"
+    if r.reason == "lag":
+        return "its dirty records are younger than min.compaction.lag.ms"
+    if r.reason == "uncleanable":
+        return f"uncleanable: {r.uncleanable_reason}"
+    if r.reason == "notCompacted":
+        return "its rule's cleanup.policy is not compact"
+    return r.reason or "eligible"
+
+
+def no_partitions_message(paths: Sequence[Path], policy: Policy, filtered: bool) -> str:
+    """Why a command found nothing to work on: the policy's rules against the topics seen."""
+    topics = sorted({tp.topic for p in paths for tp in LogDirectory(p, read_only=True).partition_dirs()})
+    rules = ", ".join(rule.match for rule in policy.topics) or "none"
+    if topics:
+        seen = f"{len(topics)} topic(s) seen: {', '.join(topics[:10])}" + (", ..." if len(topics) > 10 else "")
+    else:
+        seen = "no partition directory in these log dirs"
+    if filtered:
+        return f"no partition matched: --topic/--partition select none of those the rules ({rules}) match ({seen})"
+    return f"no partition matched: the policy's rules ({rules}) match none of them ({seen})"
 
 
 @click.command("clean")
 @log_dir_argument
 @policy_option
 @now_option
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Cleaner threads (default: the policy's).")
-@click.option("--json", "as_json", is_flag=True, help="Print per-partition stats as JSON.")
+@threads_option
+@filter_options
+@force_mode_option
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Read what the next clean of each eligible partition would read and say what it would remove; "
+    "nothing is locked or written.",
+)
+@output_option
+@click.option("--no-progress", is_flag=True, help="No progress bar (there is none when stderr is not a terminal).")
 @click.option(
     "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
+    type=click.Choice(log_format.LEVELS),
     default="error",
     show_default=True,
     help="The cleaner's log on stderr (failed partitions are listed at the end whatever the level).",
-)
-@click.option(
-    "--force-mode",
-    is_flag=True,
-    help="Clean even though the policy's mode is observe or stage (clean always compacts in place).",
 )
 def clean_command(
     data_dir: tuple[Path, ...],
     policy_path: Path,
     now_ms: int | None,
     threads: int | None,
-    as_json: bool,
-    log_level: str,
+    topic: str | None,
+    partitions: tuple[int, ...],
     force_mode: bool,
+    dry_run: bool,
+    output: str | None,
+    as_json: bool,
+    no_progress: bool,
+    log_level: str,
 ) -> None:
     """Clean Kafka log dirs until no partition is eligible, then exit.
 
     Takes each log dir's .lock like a broker does, so it refuses a directory that a
-    running broker holds (exit 4). Exit 3 if some partition became uncleanable.
+    running broker holds (exit 4). Exit 3 if some partition became uncleanable; 130/143
+    when interrupted by SIGINT/SIGTERM (completed cleans stand, in-flight ones are undone).
     """
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_format.configure(log_level)
     policy = load_policy_or_exit(policy_path)
-    if policy.mode != Mode.COMPACT and not force_mode:
-        click.echo(
-            f"kafka-cleaner: the policy's mode is {policy.mode} (a policy without `mode` observes), and "
-            f"clean compacts in place; set `mode: compact` in {policy_path}, or pass --force-mode",
-            err=True,
-        )
-        sys.exit(EXIT_USAGE)
+    if not dry_run:
+        require_compact_mode(policy, policy_path, force_mode, "clean")
+    fmt = resolve_format(output, as_json)
+    only = partition_filter(topic, partitions)
     time = clock_for(now_ms)
-    console = Console(stderr=True)
+    with exit_codes_for_errors():
+        reports = cleaning.reports(data_dir, policy, time, only=only)
+    if not reports:
+        click.echo(f"kafka-cleaner: {no_partitions_message(data_dir, policy, only is not None)}", err=True)
+        sys.exit(EXIT_OK)
+    eligible = [r for r in reports if r.eligible]
+    if dry_run:
+        _dry_run(data_dir, policy, time, only, eligible, fmt)
+        return
+    if not eligible:
+        click.echo("kafka-cleaner: nothing to clean; no partition is eligible:", err=True)
+        for r in reports:
+            click.echo(f"  {r.topic_partition}: {why_not(r)}", err=True)
     stop = threading.Event()
     caught = _on_signals(stop)
-    progress = None
-    meter = None
-    if console.is_terminal and not as_json:
-        progress = Progress(
-            TextColumn("cleaning"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            transient=True,
-        )
-        total = _estimated_work(data_dir, policy, time)
-        task = progress.add_task("clean", total=total or None)
-
-        def meter(n: int) -> None:
-            progress.advance(task, n)
-
-    with exit_codes_for_errors():
-        if progress is not None:
-            with progress:
-                outcome = cleaning.clean(data_dir, policy, time, threads=threads, io_meter=meter, stop=stop)
-        else:
-            outcome = cleaning.clean(data_dir, policy, time, threads=threads, stop=stop)
-    if as_json:
-        click.echo(json.dumps(_outcome_json(outcome), indent=2))
+    # The cleaner's io meter sees every byte read (the map pass over the dirty section,
+    # the copy pass over every segment below the first uncleanable offset) and written.
+    bar = ByteProgress(
+        "cleaning (bytes read and written)",
+        sum(r.cleanable_bytes + 2 * (r.clean_bytes + r.cleanable_bytes) for r in eligible),
+        enabled=not no_progress and fmt != "json",
+    )
+    with exit_codes_for_errors(), bar.shown_while():
+        outcome = cleaning.clean(data_dir, policy, time, threads=threads, io_meter=bar.advance, stop=stop, only=only)
+    if fmt == "json":
+        click.echo(json.dumps(_outcome_json(outcome, len(eligible)), indent=2))
     else:
-        _print_outcome(outcome)
+        _print_outcome(outcome, fmt)
+        _print_summary(outcome, len(eligible))
     for log_dir, tps in outcome.uncleanable.items():
         for tp, reason in tps.items():
             click.echo(f"kafka-cleaner: partition {tp} in {log_dir} is uncleanable: {reason}", err=True)
@@ -191,22 +245,18 @@ def clean_command(
     sys.exit(EXIT_UNCLEANABLE if outcome.uncleanable else EXIT_OK)
 
 
-def _estimated_work(paths, policy: Policy, time: Time) -> int:
-    """Bytes a clean will read: for each eligible log its dirty section (map) plus every
-    segment below the first uncleanable offset (rewrite), plus what it writes."""
-    total = 0
-    for status in cleaning.status(paths, policy, time):
-        r = status.report
-        if r.eligible:
-            total += r.cleanable_bytes + r.clean_bytes + r.cleanable_bytes
-    return total
+def _bytes_read(outcome: cleaning.CleanOutcome) -> int:
+    return sum(r.stats.bytes_read + r.stats.map_bytes_read for r in outcome.results)
 
 
-def _outcome_json(outcome: cleaning.CleanOutcome) -> dict:
+def _outcome_json(outcome: cleaning.CleanOutcome, eligible: int) -> dict:
     return {
         "elapsedSeconds": round(outcome.elapsed_seconds, 3),
+        "interrupted": outcome.interrupted,
+        "eligibleAtStart": eligible,
         "bytesBefore": outcome.bytes_before,
         "bytesAfter": outcome.bytes_after,
+        "bytesRead": _bytes_read(outcome),
         "cleans": [
             {
                 "topic": r.topic_partition.topic,
@@ -218,6 +268,7 @@ def _outcome_json(outcome: cleaning.CleanOutcome) -> dict:
             }
             for r in outcome.results
         ],
+        "stillEligible": [{"topic": tp.topic, "partition": tp.partition} for tp in outcome.still_eligible],
         "uncleanable": [
             {"logDir": d, "topic": tp.topic, "partition": tp.partition, "reason": reason}
             for d, tps in outcome.uncleanable.items()
@@ -226,28 +277,103 @@ def _outcome_json(outcome: cleaning.CleanOutcome) -> dict:
     }
 
 
-def _print_outcome(outcome: cleaning.CleanOutcome) -> None:
-    console = Console()
-    table = Table(title="kafka-cleaner clean")
-    for col in ("partition", "dirty section", "read", "written", "records", "removed", "seconds"):
-        table.add_column(col, justify="right" if col not in ("partition",) else "left")
-    for r in outcome.results:
-        s = r.stats
-        table.add_row(
+_CLEAN_COLUMNS = [
+    Column("partition"),
+    Column("dirty section"),
+    Column("read", right=True),
+    Column("written", right=True),
+    Column("records read", right=True),
+    Column("records written", right=True),
+    Column("removed", right=True),
+    Column("seconds", right=True),
+]
+
+
+def _print_outcome(outcome: cleaning.CleanOutcome, fmt: str) -> None:
+    if not outcome.results:
+        return
+    rows = [
+        [
             str(r.topic_partition),
             f"[{r.first_dirty_offset}, {r.end_offset})",
-            _mb(s.bytes_read),
-            _mb(s.bytes_written),
-            f"{s.messages_read:,} -> {s.messages_written:,}",
-            f"{s.records_removed:,}",
-            f"{s.elapsed_secs:.2f}",
+            Bytes(r.stats.bytes_read),
+            Bytes(r.stats.bytes_written),
+            r.stats.messages_read,
+            r.stats.messages_written,
+            r.stats.records_removed,
+            f"{r.stats.elapsed_secs:.2f}",
+        ]
+        for r in outcome.results
+    ]
+    print_table(fmt, "kafka-cleaner clean", _CLEAN_COLUMNS, rows)
+
+
+def _print_summary(outcome: cleaning.CleanOutcome, eligible: int) -> None:
+    """One truthful line: the cleans done of those eligible, the log's size before and
+    after, and the rate of the bytes actually read over the wall time."""
+    secs = outcome.elapsed_seconds
+    read = _bytes_read(outcome)
+    rate = f"{read / 1048576 / secs:,.1f} MiB/s" if secs > 0 else "-"
+    click.echo(
+        f"{len(outcome.results)} clean(s) of {eligible} eligible partition(s) in {secs:.2f} s of wall time: "
+        f"log {binary_bytes(outcome.bytes_before)} -> {binary_bytes(outcome.bytes_after)}; "
+        f"read {binary_bytes(read)} ({rate})"
+    )
+
+
+def _dry_run(
+    paths: Sequence[Path],
+    policy: Policy,
+    time: Time,
+    only: Callable[[TopicPartition], bool] | None,
+    eligible: list[PartitionReport],
+    fmt: str,
+) -> None:
+    """What the next clean of each eligible partition would remove, from one read of its
+    cleanable section (``engine.next_clean``), read-only: nothing is locked or written."""
+    wanted = {r.topic_partition for r in eligible}
+    with exit_codes_for_errors():
+        statuses = [
+            s
+            for s in cleaning.status(paths, policy, time, next_clean=NextCleanCache(), only=only)
+            if s.report.topic_partition in wanted
+        ]
+    if fmt == "json":
+        click.echo(json.dumps([s.as_dict() for s in statuses], indent=2))
+        return
+    if not statuses:
+        click.echo("kafka-cleaner: no partition is eligible; a clean would do nothing", err=True)
+        return
+    columns = [
+        Column("partition"),
+        Column("dirty section"),
+        Column("dirty records", right=True),
+        Column("distinct keys ~", right=True),
+        Column("records removed ~", right=True),
+        Column("bytes freed ~", right=True),
+        Column("tombstones", right=True),
+        Column("passes", right=True),
+    ]
+    rows = []
+    for s in statuses:
+        r, e = s.report, s.next_clean
+        rows.append(
+            [
+                str(r.topic_partition),
+                f"[{r.first_dirty_offset}, {r.first_uncleanable_offset})",
+                e.dirty_records if e else None,
+                e.dirty_distinct_keys if e else None,
+                max(e.dirty_records - e.dirty_distinct_keys, 0) if e else None,
+                Bytes(e.bytes_freed) if e else None,
+                s.facts.tombstones if s.facts else None,
+                e.passes if e else None,
+            ]
         )
-    console.print(table)
-    read = sum(r.stats.bytes_read for r in outcome.results)
-    rate = read / outcome.elapsed_seconds / 1048576 if outcome.elapsed_seconds else 0.0
-    console.print(
-        f"{len(outcome.results)} clean(s); {_mb(outcome.bytes_before)} -> {_mb(outcome.bytes_after)} in "
-        f"{outcome.elapsed_seconds:.2f} s of wall time ({rate:,.1f} MiB/s of log read by the cleans)"
+    print_table(fmt, "kafka-cleaner clean --dry-run (nothing written)", columns, rows)
+    click.echo(
+        "~ estimated from one read of the key digests (distinct keys: HyperLogLog); records removed counts "
+        "the dirty section's superseded records; tombstones: all in the log",
+        err=True,
     )
 
 
@@ -267,75 +393,186 @@ def _on_signals(stop: threading.Event) -> list[int]:
 @click.command("run")
 @log_dir_argument
 @policy_option
-def run_command(data_dir: tuple[Path, ...], policy_path: Path) -> None:
+@now_option
+@threads_option
+@filter_options
+@force_mode_option
+@click.option("--log-level", type=click.Choice(log_format.LEVELS), default="info", show_default=True)
+@click.option(
+    "--log-format", "log_format_name", type=click.Choice(log_format.FORMATS), default="text", show_default=True
+)
+def run_command(
+    data_dir: tuple[Path, ...],
+    policy_path: Path,
+    now_ms: int | None,
+    threads: int | None,
+    topic: str | None,
+    partitions: tuple[int, ...],
+    force_mode: bool,
+    log_level: str,
+    log_format_name: str,
+) -> None:
     """Run the cleaner threads (with backoff) until SIGTERM/SIGINT, then shut down
-    gracefully: in-flight cleans abort and leave no temporary files."""
+    gracefully: in-flight cleans abort and leave no temporary files. Logs a start-up line,
+    Kafka's stats line per clean and a shutdown line."""
+    log_format.configure(log_level, log_format_name)
+    logger = logging.getLogger("cleaner.run")
     policy = load_policy_or_exit(policy_path)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    require_compact_mode(policy, policy_path, force_mode, "run")
+    only = partition_filter(topic, partitions)
+    time = clock_for(now_ms)
     log_dirs = [LogDirectory(p) for p in data_dir]
     stop = threading.Event()
-    _on_signals(stop)
+    caught = _on_signals(stop)
+    config = cleaning.with_threads(policy, threads)
     with exit_codes_for_errors(), cleaning.locked(log_dirs):
-        manager = LogCleanerManager(log_dirs, policy, SYSTEM_TIME)
-        pool = LogCleaner(manager, policy.cleaner, SYSTEM_TIME)
+        manager = LogCleanerManager(log_dirs, policy, time, only=only)
+        cleans: list[CleanResult] = []
+        pool = LogCleaner(manager, config, time, on_cleaned=cleans.append)
+        logs = manager.logs()
+        logger.info(
+            "kafka-cleaner run started: %d partition(s) of %d topic(s) in %s; %d cleaner thread(s); policy %s",
+            len(logs),
+            len({tp.topic for tp in logs}),
+            ", ".join(str(d) for d in log_dirs),
+            config.threads,
+            policy_path,
+        )
+        started = SYSTEM_TIME.nanoseconds()
         pool.start()
         try:
             while not stop.wait(1.0):
                 restarted = pool.restart_dead_threads()
                 if restarted:
-                    logging.getLogger("cleaner").warning("restarted %d dead cleaner thread(s)", restarted)
+                    logger.warning("restarted %d dead cleaner thread(s)", restarted)
         finally:
             pool.shutdown()
+        logger.info(
+            "kafka-cleaner run stopped by %s after %.1f s: %d clean(s), %d uncleanable partition(s); "
+            "cleans in progress were aborted and left nothing behind",
+            signal.Signals(caught[0]).name if caught else "request",
+            (SYSTEM_TIME.nanoseconds() - started) / 1e9,
+            len(cleans),
+            sum(len(t) for t in manager.uncleanable_partitions().values()),
+        )
+
+
+FAIL_ON = ("uncleanable", "eligible")
 
 
 @click.command("status")
 @log_dir_argument
 @policy_option
 @now_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def status_command(data_dir: tuple[Path, ...], policy_path: Path, now_ms: int | None, as_json: bool) -> None:
-    """Per partition: first dirty offset, clean/cleanable/uncleanable bytes, cleanable
+@filter_options
+@output_option
+@click.option(
+    "--fail-on",
+    default="",
+    metavar="STATES",
+    help="Exit 1 when some partition is in one of these comma-separated states: uncleanable, eligible.",
+)
+def status_command(
+    data_dir: tuple[Path, ...],
+    policy_path: Path,
+    now_ms: int | None,
+    topic: str | None,
+    partitions: tuple[int, ...],
+    output: str | None,
+    as_json: bool,
+    fail_on: str,
+) -> None:
+    """Per partition: first dirty offset, clean/cleanable/held-back bytes, cleanable
     ratio, eligible now or why not, compaction delay, tombstones and the oldest one's
-    age. Read-only: safe next to a live broker."""
+    age; below the table, why a partition is held back, what the next clean would meet and
+    the open transaction holding the LSO. Read-only: safe next to a live broker."""
+    states = {s.strip() for s in fail_on.split(",") if s.strip()}
+    if states - set(FAIL_ON):
+        raise click.BadParameter(
+            f"unknown state(s) {sorted(states - set(FAIL_ON))}; choose from {', '.join(FAIL_ON)}",
+            param_hint="--fail-on",
+        )
     policy = load_policy_or_exit(policy_path)
-    statuses = cleaning.status(data_dir, policy, clock_for(now_ms), next_clean=NextCleanCache())
-    if as_json:
+    fmt = resolve_format(output, as_json)
+    only = partition_filter(topic, partitions)
+    with exit_codes_for_errors():
+        statuses = cleaning.status(data_dir, policy, clock_for(now_ms), next_clean=NextCleanCache(), only=only)
+    if fmt == "json":
         click.echo(json.dumps([s.as_dict() for s in statuses], indent=2))
-        return
-    table = Table(title="kafka-cleaner status")
-    for col in (
-        "partition",
-        "segments",
-        "size",
-        "first dirty",
-        "clean",
-        "cleanable",
-        "uncleanable",
-        "ratio",
-        "eligible",
-        "delay s",
-        "tombstones",
-        "oldest tomb. age s",
-    ):
-        table.add_column(col, justify="left" if col in ("partition", "eligible") else "right")
+    elif not statuses:
+        click.echo(f"kafka-cleaner: {no_partitions_message(data_dir, policy, only is not None)}", err=True)
+    else:
+        _print_status(statuses, fmt)
+    if policy.mode is Mode.STAGE and fmt != "json":  # what stage mode does with each partition
+        for line in refusal_lines([Path(d) for d in data_dir], policy):
+            click.echo(f"stage: {line}")
+    if _fail_on(statuses, states):
+        sys.exit(EXIT_FAIL_ON)
+
+
+def _fail_on(statuses: list[cleaning.PartitionStatus], states: set[str]) -> bool:
+    failed = False
+    for state in sorted(states):
+        hit = [
+            s.report.topic_partition
+            for s in statuses
+            if (s.report.eligible if state == "eligible" else s.report.reason == state)
+        ]
+        if hit:
+            failed = True
+            names = ", ".join(str(tp) for tp in hit)
+            click.echo(f"kafka-cleaner: --fail-on {state}: {len(hit)} partition(s): {names}", err=True)
+    return failed
+
+
+_STATUS_COLUMNS = [
+    Column("partition"),
+    Column("segments", right=True),
+    Column("size", right=True),
+    Column("first dirty", right=True),
+    Column("clean", right=True),
+    Column("cleanable", right=True),
+    Column("held back", right=True),
+    Column("ratio", right=True),
+    Column("eligible"),
+    Column("delay s", right=True),
+    Column("tombstones", right=True),
+    Column("oldest tombstone age s", right=True),
+]
+
+
+def _print_status(statuses: list[cleaning.PartitionStatus], fmt: str) -> None:
+    rows = []
     for s in statuses:
         r = s.report
         age = s.oldest_tombstone_age_ms
-        table.add_row(
-            str(r.topic_partition),
-            str(r.segments),
-            _mb(r.size_bytes),
-            str(r.first_dirty_offset),
-            _mb(r.clean_bytes),
-            _mb(r.cleanable_bytes),
-            _mb(r.uncleanable_bytes),
-            f"{r.cleanable_ratio:.2f}",
-            "yes" if r.eligible else f"no ({r.reason}{': ' + r.uncleanable_reason if r.uncleanable_reason else ''})",
-            f"{r.compaction_delay_ms / 1000:.0f}",
-            str(s.facts.tombstones) if s.facts else "?",
-            f"{age / 1000:.0f}" if age is not None else "-",
+        rows.append(
+            [
+                str(r.topic_partition),
+                r.segments,
+                Bytes(r.size_bytes),
+                r.first_dirty_offset,
+                Bytes(r.clean_bytes),
+                Bytes(r.cleanable_bytes),
+                Bytes(r.uncleanable_bytes),
+                f"{r.cleanable_ratio:.2f}",
+                "yes" if r.eligible else f"no ({r.reason})",
+                f"{r.compaction_delay_ms / 1000:.0f}",
+                s.facts.tombstones if s.facts else None,
+                f"{age / 1000:.0f}" if age is not None else None,
+            ]
         )
-    Console().print(table)
-    if policy.mode is Mode.STAGE:  # what stage mode does with each partition, refusals with their reason
-        for line in refusal_lines([Path(d) for d in data_dir], policy):
-            click.echo(f"stage: {line}")
+    print_table(fmt, "kafka-cleaner status", _STATUS_COLUMNS, rows)
+    if fmt == "tsv":
+        return
+    lines = [
+        f"{s.report.topic_partition}: {why_not(s.report)}"
+        for s in statuses
+        if not s.report.eligible and s.report.reason not in (None, "activeSegment", "notCompacted")
+    ]
+    for line in lines:
+        click.echo(line)
+    click.echo(
+        "held back: bytes at or past the first uncleanable offset (the active segment, open transactions, "
+        "min.compaction.lag.ms), which no clean may touch yet"
+    )

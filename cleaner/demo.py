@@ -15,13 +15,13 @@ from pathlib import Path
 import click
 import yaml
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
 from cleaner import cleaning
 from cleaner.clock import FixedTime
 from cleaner.config import Policy, parse_policy
 from cleaner.generate import DEFAULT_NOW_MS, GeneratorConfig, estimate_log_bytes, generate
+from cleaner.output import ByteProgress, binary_bytes
 from cleaner.segment_facts import FactsCache
 
 MARKER = ".kafka-cleaner-demo"
@@ -92,10 +92,6 @@ def _prepare(data_dir: Path) -> None:
         shutil.rmtree(data_dir)
 
 
-def _mb(n: float) -> str:
-    return f"{n / 1048576:,.1f}"
-
-
 @click.command("demo")
 @click.option(
     "--dir",
@@ -122,16 +118,15 @@ def demo_command(data_dir: Path, size_mb: int, seed: int) -> None:
     now_ms = (config.now_ms or DEFAULT_NOW_MS) + HOUR_MS
 
     console.rule("1. generate a broker data dir")
-    with _progress(console, "generating") as progress:
-        task = progress.add_task("generate", total=estimate_log_bytes(config))
-        summary = generate(data_dir, config, progress=lambda n: progress.advance(task, n))
+    with ByteProgress("generating", estimate_log_bytes(config)).shown_while() as bar:
+        summary = generate(data_dir, config, progress=bar.advance)
     (data_dir / MARKER).write_text("created by kafka-cleaner demo\n")
     policy_path = data_dir.with_name(data_dir.name + ".policy.yaml")
     policy_path.write_text(yaml.safe_dump({"spec": DEMO_POLICY}, sort_keys=False))
     t = summary.totals
     console.print(
         f"{data_dir}: {t['partitions']} partitions, {t['segments']} segments, "
-        f"{_mb(t['bytes'])} MB, {t['records']:,} records ({t['tombstones']:,} tombstones, "
+        f"{binary_bytes(t['bytes'])}, {t['records']:,} records ({t['tombstones']:,} tombstones, "
         f"{t['transactions_aborted']} aborted transactions) in {summary.elapsed_seconds:.1f} s"
     )
 
@@ -143,11 +138,10 @@ def demo_command(data_dir: Path, size_mb: int, seed: int) -> None:
     )
 
     console.rule("3. clean (kafka-cleaner clean)")
-    work = sum(r.bytes for r in before.values()) * 2
+    work = sum(r.bytes for r in before.values()) * 3  # read by the map and copy passes, and written
     started = _time.monotonic()
-    with _progress(console, "cleaning") as progress:
-        task = progress.add_task("clean", total=work)
-        outcome = cleaning.clean([data_dir], policy, FixedTime(now_ms), io_meter=lambda n: progress.advance(task, n))
+    with ByteProgress("cleaning (bytes read and written)", work).shown_while() as bar:
+        outcome = cleaning.clean([data_dir], policy, FixedTime(now_ms), io_meter=bar.advance)
     elapsed = _time.monotonic() - started
     after = _snapshot(data_dir, policy, now_ms)
 
@@ -155,8 +149,8 @@ def demo_command(data_dir: Path, size_mb: int, seed: int) -> None:
     table = Table(show_lines=False)
     for col in (
         "partition",
-        "MB before",
-        "MB after",
+        "size before",
+        "size after",
         "records before",
         "records after",
         "dirty before",
@@ -167,8 +161,8 @@ def demo_command(data_dir: Path, size_mb: int, seed: int) -> None:
         b, a = before[tp], after.get(tp, _Row(0, 0, 0.0, False))
         table.add_row(
             tp,
-            _mb(b.bytes) + " MB",
-            _mb(a.bytes) + " MB",
+            binary_bytes(b.bytes),
+            binary_bytes(a.bytes),
             f"{b.records:,}",
             f"{a.records:,}",
             f"{b.ratio:.2f}",
@@ -181,8 +175,8 @@ def demo_command(data_dir: Path, size_mb: int, seed: int) -> None:
     table.add_section()
     table.add_row(
         "total",
-        _mb(bytes_before) + " MB",
-        _mb(bytes_after) + " MB",
+        binary_bytes(bytes_before),
+        binary_bytes(bytes_after),
         f"{records_before:,}",
         f"{records_after:,}",
         "",
@@ -191,10 +185,10 @@ def demo_command(data_dir: Path, size_mb: int, seed: int) -> None:
     console.print(table)
     read = sum(r.stats.bytes_read + r.stats.map_bytes_read for r in outcome.results)
     console.print(
-        f"{len(outcome.results)} cleans in {elapsed:.1f} s: {_mb(bytes_before)} MB -> {_mb(bytes_after)} MB "
-        f"({100 * (1 - bytes_after / bytes_before) if bytes_before else 0:.0f}% smaller), "
-        f"{bytes_before / 1048576 / elapsed if elapsed else 0:,.1f} MB/s of log, "
-        f"{read / 1048576 / elapsed if elapsed else 0:,.1f} MB/s read"
+        f"{len(outcome.results)} cleans in {elapsed:.1f} s: {binary_bytes(bytes_before)} -> "
+        f"{binary_bytes(bytes_after)} ({100 * (1 - bytes_after / bytes_before) if bytes_before else 0:.0f}% smaller), "
+        f"{bytes_before / 1048576 / elapsed if elapsed else 0:,.1f} MiB/s of log, "
+        f"{read / 1048576 / elapsed if elapsed else 0:,.1f} MiB/s read"
     )
     if outcome.uncleanable:
         console.print(f"[red]uncleanable partitions: {outcome.uncleanable}[/red]")
@@ -202,16 +196,4 @@ def demo_command(data_dir: Path, size_mb: int, seed: int) -> None:
     console.print(
         f"Next: kafka-cleaner status {data_dir} --policy {policy_path} --now-ms {now_ms}\n"
         f"      kafka-cleaner dump --verify {data_dir}"
-    )
-
-
-def _progress(console: Console, label: str) -> Progress:
-    return Progress(
-        TextColumn(label),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
     )

@@ -34,6 +34,7 @@ import click
 import numpy as np
 
 from cleaner.errors import CorruptDataError, CorruptIndexError, CorruptRecordError, KafkaCleanerError, truncated_batch
+from cleaner.partition_filter import PartitionFilter, filter_options, partition_filter
 from cleaner.records.batch import (
     INT32_MAX,
     LOG_OVERHEAD,
@@ -60,6 +61,7 @@ from cleaner.storage.metadata import (
     read_clean_shutdown,
 )
 from cleaner.storage.producer_state import decode_snapshot
+from cleaner.storage.topic_partition import parse_partition_dir
 
 __all__ = ["DEFAULT_READ_BUFFER_BYTES", "Problem", "dump", "run_dump"]
 
@@ -387,8 +389,10 @@ def run_dump(
     verify: bool = False,
     as_json: bool = False,
     read_buffer_bytes: int = DEFAULT_READ_BUFFER_BYTES,
+    only: PartitionFilter | None = None,
 ) -> int:
-    """Dump ``path`` (a file, a partition directory or a whole log dir); returns the exit status."""
+    """Dump ``path`` (a file, a partition directory or a whole log dir); returns the exit status.
+    ``only`` (``--topic``/``--partition``) keeps the files of the partition dirs it accepts."""
     out = _Output(as_json=as_json)
     run = _Run(_Options(deep, verify, max(read_buffer_bytes, RECORD_BATCH_OVERHEAD)), out)
     try:
@@ -396,7 +400,8 @@ def run_dump(
             run.dir_mode = True
             walk_errors: list[OSError] = []
             for file_path in _walk(path, walk_errors):
-                _dump_file(run, file_path)
+                if only is None or _in_partition(file_path, only):
+                    _dump_file(run, file_path)
             for e in walk_errors:  # an unreadable directory is a problem, not a silent gap
                 where = e.filename if isinstance(e.filename, str) else path
                 out.begin_file(where, "directory")
@@ -412,6 +417,9 @@ def run_dump(
             f"{out.problem_count} problem(s) found in {out.files_with_problems} of {kafka_files} file(s)", err=True
         )
         return 1
+    if kafka_files == 0 and only is not None:
+        click.echo(f"kafka-cleaner: nothing to dump: no partition dir in {path} matches --topic/--partition", err=True)
+        return 2
     if kafka_files == 0:
         click.echo(
             f"kafka-cleaner: nothing to dump: {path} holds no file Kafka writes ({out.files_skipped} skipped)", err=True
@@ -420,6 +428,11 @@ def run_dump(
     if verify:
         click.echo(f"verified {kafka_files} file(s): no problems found", err=True)
     return 0
+
+
+def _in_partition(file_path: str, only: PartitionFilter) -> bool:
+    tp = parse_partition_dir(os.path.basename(os.path.dirname(file_path)))
+    return tp is not None and only(tp)
 
 
 def _sort_key(name: str) -> tuple[str, str, int, str]:
@@ -1456,7 +1469,16 @@ _HANDLERS: dict[str, Callable[[_Run, str, _Name], None]] = {
     hidden=True,
     help="Bytes of a .log read at a time (grown only for a larger batch).",
 )
-def dump(path: str, deep: bool, verify: bool, as_json: bool, read_buffer_bytes: int) -> None:
+@filter_options
+def dump(
+    path: str,
+    deep: bool,
+    verify: bool,
+    as_json: bool,
+    read_buffer_bytes: int,
+    topic: str | None,
+    partitions: tuple[int, ...],
+) -> None:
     """Print the contents of a Kafka log file, partition directory or log dir (like kafka-dump-log.sh).
 
     PATH may be a .log, .index, .timeindex, .txnindex or .snapshot file (also with a .deleted,
@@ -1468,7 +1490,14 @@ def dump(path: str, deep: bool, verify: bool, as_json: bool, read_buffer_bytes: 
     --verify), 2 for usage errors.
     """
     try:
-        status = run_dump(path, deep=deep, verify=verify, as_json=as_json, read_buffer_bytes=read_buffer_bytes)
+        status = run_dump(
+            path,
+            deep=deep,
+            verify=verify,
+            as_json=as_json,
+            read_buffer_bytes=read_buffer_bytes,
+            only=partition_filter(topic, partitions),
+        )
     except BrokenPipeError:
         # `dump ... | head`: stop quietly, and keep Python from complaining at exit.
         try:

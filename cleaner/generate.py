@@ -59,6 +59,7 @@ from typing import Any, TypeVar
 import click
 import numpy as np
 
+from cleaner.output import ByteProgress, binary_bytes
 from cleaner.records.batch import TimestampType
 from cleaner.records.builder import build_batch, build_control_batch
 from cleaner.records.bulk import Spans, build_batches
@@ -948,14 +949,6 @@ def generate(
 # CLI
 
 
-def _format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover
-
-
 def _print_table(summary: GenerateSummary) -> None:
     from rich import box
     from rich.console import Console
@@ -970,7 +963,7 @@ def _print_table(summary: GenerateSummary) -> None:
             f"{p.topic}-{p.partition}",
             p.compression + ("/LAT" if p.timestamp_type == "LogAppendTime" else ""),
             str(p.segments),
-            _format_bytes(p.bytes),
+            binary_bytes(p.bytes),
             str(p.records),
             str(p.distinct_keys),
             str(p.tombstones),
@@ -983,7 +976,7 @@ def _print_table(summary: GenerateSummary) -> None:
         "total",
         "",
         str(t["segments"]),
-        _format_bytes(t["bytes"]),
+        binary_bytes(t["bytes"]),
         str(t["records"]),
         str(t["distinct_keys"]),
         str(t["tombstones"]),
@@ -994,9 +987,8 @@ def _print_table(summary: GenerateSummary) -> None:
     # Off a terminal (a pipe, a CI log) rich would wrap at 80 columns and squeeze the table.
     console = Console() if sys.stdout.isatty() else Console(width=200)
     console.print(table)
-    console.print(
-        f"{_format_bytes(t['bytes'])} in {summary.elapsed_seconds:.2f} s ({summary.megabytes_per_second:.0f} MB/s)"
-    )
+    rate = t["bytes"] / 1048576 / summary.elapsed_seconds if summary.elapsed_seconds > 0 else 0.0
+    console.print(f"{binary_bytes(t['bytes'])} in {summary.elapsed_seconds:.2f} s ({rate:.0f} MiB/s)")
 
 
 @click.command("generate")
@@ -1095,23 +1087,8 @@ def generate_command(data_dir: str, as_json: bool, **options: Any) -> None:
         raise click.UsageError(str(e)) from None
 
     if sys.stderr.isatty() and not as_json:
-        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-        total = max(1, estimate_log_bytes(config))
-        with Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            transient=True,
-        ) as bar:
-            task = bar.add_task("generating", total=total)
-
-            def advance(n: int) -> None:
-                bar.advance(task, n)
-
-            summary = generate(data_dir, config, progress=advance)
+        with ByteProgress("generating", max(1, estimate_log_bytes(config))).shown_while() as bar:
+            summary = generate(data_dir, config, progress=bar.advance)
     else:
         total = max(1, estimate_log_bytes(config))
         state = {"written": 0, "next": 0.1}
@@ -1119,7 +1096,7 @@ def generate_command(data_dir: str, as_json: bool, **options: Any) -> None:
         def log_line(n: int) -> None:
             state["written"] += n
             if state["written"] >= state["next"] * total:
-                click.echo(f"generate: {_format_bytes(state['written'])} written", err=True)
+                click.echo(f"generate: {binary_bytes(state['written'])} written", err=True)
                 while state["next"] * total <= state["written"]:
                     state["next"] += 0.1
 

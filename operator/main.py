@@ -33,6 +33,8 @@ from compaction_operator.kube import Kube, load_config
 from compaction_operator.leader import LeaseElector
 from compaction_operator.settings import OperatorConfig, SettingsError, describe_env
 
+from cleaner import __version__
+
 __all__ = ["main"]
 
 log = logging.getLogger("kafka-cleaner-operator")
@@ -41,12 +43,14 @@ _FORMATS = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": 
 
 
 def _parser() -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(
         prog="kafka-cleaner-operator",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="The kafka-cleaner operator: reconciles CompactionPolicy resources (kopf).",
         epilog="Settings come from the environment:\n" + describe_env(),
     )
+    parser.add_argument("--version", action="version", version=f"kafka-cleaner-operator {__version__}")
+    return parser
 
 
 class _Run:

@@ -422,7 +422,7 @@ def test_cli_json_summary(tmp_path: Path) -> None:
 def test_cli_table_and_progress_lines(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["generate", str(tmp_path / "t"), "--topics", "1", "--records", "2000"])
     assert result.exit_code == 0, result.output
-    assert "topic-0-1" in result.stdout and "MB/s" in result.stdout
+    assert "topic-0-1" in result.stdout and "MiB/s" in result.stdout
     assert "written" in result.stderr
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -160,9 +160,13 @@ class LogCleanerManager:
         time: Time,
         *,
         write_checkpoints: bool = True,
+        only: Callable[[TopicPartition], bool] | None = None,
     ) -> None:
         self.log_dirs = list(log_dirs)
         self.policy = policy
+        self.only = only
+        """The CLI's ``--topic``/``--partition``: the partitions it rejects are not managed
+        (their checkpoint entries stay as they are)."""
         self.time = time
         self.write_checkpoints = write_checkpoints
         """False in stage mode: cleaner-offset-checkpoint belongs to the live broker."""
@@ -192,7 +196,7 @@ class LogCleanerManager:
                 starts = log_dir.log_start_offsets()
                 for tp in log_dir.partition_dirs():
                     policy_rule = self.policy.rule_for(tp.topic)
-                    if policy_rule is None:
+                    if policy_rule is None or (self.only is not None and not self.only(tp)):
                         continue
                     config = effective_rule(policy_rule, cluster.topic(tp.topic, broker_id) if cluster else None)
                     rule = config.rule

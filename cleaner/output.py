@@ -1,0 +1,180 @@
+"""How the commands print for a person and for a pipe: tables (``--output
+table|wide|tsv|json``), byte counts in binary units, and progress bars.
+
+One rule for every command: on a terminal a table fits the screen; into a pipe or a file
+nothing is ever cut (``wide``: a plain aligned table, or ``tsv``: raw numbers, one row a
+line). Sizes read by a person are binary units labelled so (KiB, MiB, GiB); TSV and JSON
+carry plain byte counts. Progress bars go to stderr, only on a terminal, and never pass
+100%: when the work outgrows its estimate the total grows with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+FORMATS = ("table", "wide", "tsv", "json")
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def binary_bytes(n: float) -> str:
+    """``n`` bytes in binary units, labelled: ``512 B``, ``1.5 KiB``, ``3.0 MiB``."""
+    value = float(n)
+    for unit in _UNITS:
+        if abs(value) < 1024 or unit == _UNITS[-1]:
+            return f"{int(value)} B" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def mib_per_second(n_bytes: float, seconds: float) -> str:
+    return f"{n_bytes / 1048576 / seconds:,.1f} MiB/s" if seconds > 0 else "- MiB/s"
+
+
+@dataclass(frozen=True)
+class Bytes:
+    """A cell holding a byte count: binary units in a table, the plain number in TSV."""
+
+    n: int
+
+    def __str__(self) -> str:
+        return binary_bytes(self.n)
+
+
+Cell = str | int | float | Bytes | None
+
+
+def _human(cell: Cell) -> str:
+    if cell is None:
+        return "-"
+    if isinstance(cell, int) and not isinstance(cell, bool):
+        return f"{cell:,}"
+    return str(cell)
+
+
+def _raw(cell: Cell) -> str:
+    if cell is None:
+        return ""
+    if isinstance(cell, Bytes):
+        return str(cell.n)
+    return str(cell).replace("\t", " ").replace("\n", " ")
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    right: bool = False
+
+
+def output_option(f):  # type: ignore[no-untyped-def]
+    """``--output/-o table|wide|tsv|json`` and ``--json`` (the same as ``-o json``)."""
+    f = click.option("--json", "as_json", is_flag=True, help="The same as --output json.")(f)
+    return click.option(
+        "--output",
+        "-o",
+        "output",
+        type=click.Choice(FORMATS),
+        default=None,
+        help="table (fits the terminal), wide (nothing cut; the default into a pipe or file), "
+        "tsv (raw numbers, a header line), json.",
+    )(f)
+
+
+def resolve_format(output: str | None, as_json: bool, stream: TextIO | None = None) -> str:
+    """The chosen format: ``--json`` wins, then ``--output``, else ``table`` on a terminal and
+    ``wide`` anywhere else (so a pipe always gets full values)."""
+    if as_json:
+        return "json"
+    if output is not None:
+        return output
+    return "table" if (stream or sys.stdout).isatty() else "wide"
+
+
+def print_table(fmt: str, title: str, columns: Sequence[Column], rows: Sequence[Sequence[Cell]]) -> None:
+    """Print rows as ``fmt`` (table, wide or tsv) on stdout."""
+    if fmt == "tsv":
+        click.echo("\t".join(c.name.replace(" ", "_") for c in columns))
+        for row in rows:
+            click.echo("\t".join(_raw(c) for c in row))
+        return
+    text = [[_human(c) for c in row] for row in rows]
+    if fmt == "wide":
+        widths = [max([len(c.name)] + [len(r[i]) for r in text]) for i, c in enumerate(columns)]
+
+        def line(cells: Sequence[str]) -> str:
+            parts = [
+                cell.rjust(w) if col.right else cell.ljust(w)
+                for cell, w, col in zip(cells, widths, columns, strict=True)
+            ]
+            return "  ".join(parts).rstrip()
+
+        click.echo(line([c.name for c in columns]))
+        for r in text:
+            click.echo(line(r))
+        return
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(c.name, justify="right" if c.right else "left")
+    for r in text:
+        table.add_row(*r)
+    Console().print(table)
+
+
+# ---------------------------------------------------------------------------------------
+# Progress
+
+
+class _BinarySpeedColumn(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text("" if speed is None else f"{binary_bytes(speed)}/s", style="progress.data.speed")
+
+
+class ByteProgress:
+    """A progress bar over bytes on stderr (binary units), shown only on a terminal and
+    when not switched off; ``advance`` never takes it past 100%: work beyond the estimate
+    grows the total instead."""
+
+    def __init__(self, label: str, total: int | None, *, enabled: bool = True) -> None:
+        console = Console(stderr=True)
+        self.shown = enabled and console.is_terminal
+        self._progress = Progress(
+            TextColumn(label),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            _BinarySpeedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        )
+        self._task = self._progress.add_task(label, total=total or None)
+        self.completed = 0
+        self.total = total or 0
+
+    def advance(self, n: int) -> None:
+        self.completed += n
+        if self.total and self.completed > self.total:
+            self.total = self.completed
+            self._progress.update(self._task, total=self.total)
+        self._progress.advance(self._task, n)
+
+    def describe(self, text: str) -> None:
+        self._progress.columns[0].text_format = text  # type: ignore[union-attr]
+
+    @contextlib.contextmanager
+    def shown_while(self) -> Iterator[ByteProgress]:
+        if not self.shown:
+            yield self
+            return
+        with self._progress:
+            yield self
