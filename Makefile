@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 # `operator` whenever Python put the working directory on sys.path (`python -m ...`).
 export PYTHONSAFEPATH := 1
 
-.PHONY: demo test lint bench setup mutation crash-soak fuzz
+.PHONY: demo test lint bench setup mutation crash-soak fuzz image
 
 setup: $(STAMP)
 
@@ -53,3 +53,12 @@ FUZZ_SECONDS ?= 600
 fuzz: $(STAMP)
 	$(BIN)/python bench/fuzz_decoder.py -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 .tools/fuzz/corpus
 
+
+# The container image (Dockerfile) with whichever builder this machine has; push it with the
+# same tool. `make test` checks the Dockerfile's build steps without one (tests/test_image.py).
+IMAGE ?= kafka-cleaner:dev
+image:
+	@if command -v docker >/dev/null 2>&1; then docker build -t $(IMAGE) .; \
+	elif command -v buildah >/dev/null 2>&1; then buildah bud -t $(IMAGE) .; \
+	elif command -v podman >/dev/null 2>&1; then podman build -t $(IMAGE) .; \
+	else echo "make image: no docker, buildah or podman on PATH" >&2; exit 2; fi

@@ -9,6 +9,8 @@ import importlib.metadata
 import json
 import re
 import shlex
+import shutil
+import subprocess
 import sys
 import tomllib
 from collections.abc import Iterable
@@ -105,3 +107,26 @@ def test_the_image_installs_the_wheel_and_nothing_else() -> None:
     words = shlex.split(install)
     beside = [w for w in words[words.index("install") + 1:] if not w.startswith("-") and not w.endswith(".whl")]
     assert beside == [], f"installed beside the wheel: {beside}"
+
+
+def test_make_image_builds_with_the_builder_on_path_and_says_when_there_is_none(tmp_path: Path) -> None:
+    """``make image`` runs the first of docker, buildah, podman found (here a recording
+    ``docker`` first on PATH that prints its arguments), and fails clearly without any."""
+    make = shutil.which("make")
+    assert make is not None
+    bare = subprocess.run(
+        [make, "-s", "image"], cwd=REPO, env={"PATH": str(tmp_path)}, capture_output=True, text=True, check=False
+    )
+    assert bare.returncode != 0 and "make image: no docker, buildah or podman on PATH" in bare.stderr
+    builder = tmp_path / "docker"
+    builder.write_text('#!/bin/sh\necho "docker $*"\n')
+    builder.chmod(0o755)
+    built = subprocess.run(
+        [make, "-s", "image", "IMAGE=registry.example/kafka-cleaner:1.2"],
+        cwd=REPO,
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert built.returncode == 0 and built.stdout.strip() == "docker build -t registry.example/kafka-cleaner:1.2 ."
