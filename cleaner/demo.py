@@ -8,6 +8,7 @@ a directory the demo did not create.
 from __future__ import annotations
 
 import shutil
+import sys
 import time as _time
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,7 +112,7 @@ def _prepare(data_dir: Path) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 def demo_command(data_dir: Path, size_mb: int, seed: int) -> None:
     """Generate a realistic Kafka log dir and clean it, showing before and after."""
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=200)  # a pipe gets full values
     _prepare(data_dir)
     config = demo_config(size_mb, seed)
     policy = parse_policy(DEMO_POLICY, source="<demo policy>")

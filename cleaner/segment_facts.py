@@ -25,6 +25,7 @@ class SegmentFacts:
     bytes_scanned: int = 0
     batches: int = 0
     records: int = 0
+    """Data records: transaction markers are not counted (as ``generate`` and consumers count)."""
     tombstones: int = 0
     oldest_tombstone_timestamp: int | None = None
     max_timestamp: int = NO_TIMESTAMP
@@ -73,8 +74,9 @@ def scan_segment(
         v2 = chunk.select(chunk.is_v2)
         if len(v2):
             columns = decode_records(v2)
-            records += len(columns)
-            mask = columns.is_tombstone & ~v2.is_control[columns.batch]
+            data = ~v2.is_control[columns.batch]  # transaction markers are not counted as records
+            records += int(data.sum())
+            mask = columns.is_tombstone & data
             tombstones += int(mask.sum())
             if tombstones:
                 oldest = int(columns.timestamps[mask].min())

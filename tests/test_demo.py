@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,11 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (data_dir / MARKER).exists()
     assert "before and after" in proc.stdout and "smaller" in proc.stdout
+    # One total: the records generated are the records the table counts before the clean
+    # (transaction markers are in neither), and sizes are in binary units.
+    generated = re.search(r"MiB, ([\d,]+) records \(", proc.stdout)
+    total = re.search(r"total\s*│\s*[\d.]+ [KM]iB\s*│\s*[\d.]+ [KM]iB\s*│\s*([\d,]+)", proc.stdout)
+    assert generated and total and generated.group(1) == total.group(1), proc.stdout
     policy = data_dir.with_name("demo-data.policy.yaml")
     # Running it again recreates its own directory...
     again = subprocess.run(
