@@ -26,7 +26,7 @@ ENV_VARS: tuple[tuple[str, str, str], ...] = (
     ("KAFKA_CLEANER_HTTP_PORT", "8080", "port of /metrics, /healthz and /readyz; 0: do not serve"),
     ("KAFKA_CLEANER_SCRAPE_TIMEOUT_SECONDS", "5", "timeout of one GET /status of a sidecar"),
     ("KAFKA_CLEANER_LEADER_ELECTION", "false", "elect a leader through a coordination.k8s.io Lease "
-     "(for more than one replica); only the leader reconciles and serves the webhook"),
+     "(for more than one replica); only the leader reconciles, every replica serves the webhook"),
     ("KAFKA_CLEANER_LEASE_NAME", "kafka-cleaner-operator", "name of the Lease"),
     ("KAFKA_CLEANER_LEASE_NAMESPACE", "", "namespace of the Lease; empty: POD_NAMESPACE"),
     ("KAFKA_CLEANER_LEASE_DURATION_SECONDS", "15", "how long a leader's Lease is valid without renewal"),

@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from cleaner.commands import (
     EXIT_OK,
@@ -29,6 +27,7 @@ from cleaner.commands import (
     now_option,
     policy_option,
 )
+from cleaner.output import Bytes, Column, binary_bytes, print_table, resolve_format
 
 from .report import FORMATS
 
@@ -63,7 +62,7 @@ def _session(master: str | None) -> Any:
     try:
         from .session import spark_session
     except ImportError:  # pragma: no cover - pyspark is an extra
-        click.echo("kafka-cleaner: the spark commands need pyspark (pip install 'kafka-cleaner[spark]')", err=True)
+        click.echo("kafka-cleaner: the spark commands need pyspark: pip install '.[spark]' in this repository (make setup does)", err=True)
         sys.exit(EXIT_USAGE)
     return spark_session(master)
 
@@ -120,8 +119,8 @@ def report_command(
     paths = write(partitions, topics, output, fmt)
     reclaim = sum(r["reclaimableBytes"] or 0 for r in rows)
     click.echo(
-        f"{len(rows)} partition(s), {sum(r['sizeBytes'] or 0 for r in rows):,} bytes, "
-        f"{reclaim:,} reclaimable now; {seconds['total']:.1f} s -> {paths['partitions']}, {paths['topics']}"
+        f"{len(rows)} partition(s), {binary_bytes(sum(r['sizeBytes'] or 0 for r in rows))}, "
+        f"{binary_bytes(reclaim)} reclaimable now; {seconds['total']:.1f} s -> {paths['partitions']}, {paths['topics']}"
     )
 
 
@@ -153,21 +152,25 @@ def compact_command(
     if as_json:
         click.echo(json.dumps({"runId": result.run_id, "status": result.status, "partitions": rows}, indent=2))
     else:
-        table = Table(title=f"kafka-cleaner spark compact ({result.status}, run {result.run_id})")
-        for col in ("partition", "action", "rounds", "bytes before", "bytes after", "records read", "written", "s"):
-            table.add_column(col, justify="left" if col in ("partition", "action") else "right")
-        for r in rows:
-            table.add_row(
+        columns = [Column("partition"), Column("action")] + [
+            Column(name, right=True)
+            for name in ("rounds", "size before", "size after", "records read", "records written", "seconds")
+        ]
+        cells = [
+            [
                 f"{r['sourceRoot']}:{r['topic']}-{r['partition']}",
                 r["action"] or "",
-                str(r["rounds"]),
-                f"{r['bytesBefore']:,}",
-                f"{r['bytesAfter']:,}",
-                f"{r['recordsRead']:,}",
-                f"{r['recordsWritten']:,}",
+                r["rounds"],
+                Bytes(r["bytesBefore"]),
+                Bytes(r["bytesAfter"]),
+                r["recordsRead"],
+                r["recordsWritten"],
                 f"{r['seconds'] or 0:.2f}",
-            )
-        Console().print(table)
+            ]
+            for r in rows
+        ]
+        title = f"kafka-cleaner spark compact ({result.status}, run {result.run_id})"
+        print_table(resolve_format(None, False), title, columns, cells)
     for p in result.uncleanable:
         click.echo(
             f"kafka-cleaner: partition {p['topic']}-{p['partition']} in {p['root']} is uncleanable: {p['uncleanable']}",
@@ -207,5 +210,6 @@ def compact_large_command(
         click.echo(
             f"{summary['partition']}: {summary['status']} (run {summary['runId']}); dirty section "
             f"[{summary['firstDirtyOffset']}, {summary['endOffset']}), {summary['groups']} group(s), "
-            f"{summary['bytesBefore']:,} -> {summary['bytesAfter']:,} bytes; seconds {summary['seconds']}"
+            f"{binary_bytes(summary['bytesBefore'])} -> {binary_bytes(summary['bytesAfter'])}; "
+            + ", ".join(f"{phase} {secs:.2f} s" for phase, secs in summary["seconds"].items())
         )
