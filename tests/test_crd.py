@@ -479,7 +479,7 @@ CEL_RULES = [
     ),
     (
         "spec.cleaner",
-        "self.dedupeBufferSize >= self.threads * 1024",
+        "!has(self.dedupeBufferSize) || !has(self.threads) || self.dedupeBufferSize >= self.threads * 1024",
         {"cleaner": {"threads": 2, "dedupeBufferSize": 2048}},
         {"cleaner": {"threads": 3, "dedupeBufferSize": 2048}},
         "spec.cleaner.dedupeBufferSize",
