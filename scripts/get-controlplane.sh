@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The real Kubernetes control plane of the tests, built from Go modules through the Go module
+# proxy (nothing else is downloaded): kube-apiserver, kube-controller-manager, kube-scheduler
+# and etcd from tests/k8s/controlplane (Kubernetes 1.34.2, etcd 3.6.4, the versions that
+# release's go.mod names), and kwok's controller (sigs.k8s.io/kwok), which makes pods on fake
+# nodes Running and Ready. Binaries go to .tools/k8s/<key>/bin, where <key> is a digest of
+# the inputs; the Go module and build caches (~/go/pkg/mod, ~/.cache/go-build) make a rebuild
+# after a change fast.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KWOK_VERSION=v0.8.0
+if ! command -v go >/dev/null 2>&1; then
+    echo "get-controlplane: go not found; install Go (apt-get install -y golang) for the control-plane tests" >&2
+    exit 1
+fi
+key=$( (cat "$0" tests/k8s/controlplane/go.mod tests/k8s/controlplane/go.sum tests/k8s/controlplane/cmd/*/main.go;
+        echo "$KWOK_VERSION"; go version) | sha256sum | cut -c1-16)
+dest=".tools/k8s/$key"
+if [ ! -f "$dest/.complete" ]; then
+    started=$(date +%s)
+    echo "get-controlplane: building kube-apiserver, kube-controller-manager, kube-scheduler, etcd and kwok"
+    mkdir -p "$dest/bin"
+    # The version stamps Kubernetes' own build sets (hack/lib/version.sh): the API server
+    # reports v1.34.2, which helm checks against a chart's kubeVersion.
+    release=$(sed -n 's/^\tk8s.io\/kubernetes v\(.*\)$/\1/p' tests/k8s/controlplane/go.mod)
+    stamp=""
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        stamp="$stamp -X $pkg.gitVersion=v$release -X $pkg.gitMajor=${release%%.*}"
+        minor=${release#*.}
+        stamp="$stamp -X $pkg.gitMinor=${minor%%.*} -X $pkg.gitTreeState=clean"
+    done
+    (cd tests/k8s/controlplane && go build -trimpath -ldflags="-s -w $stamp" -o "../../../$dest/bin/" ./cmd/...)
+    GOBIN="$PWD/$dest/bin" GOFLAGS=-trimpath go install -ldflags="-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+    # kwok's controller loads no stages by itself (kwokctl passes them): its own "fast"
+    # node and pod stages, from the same module.
+    kwok_dir=$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+    stages="$kwok_dir/kustomize/stage"
+    for f in node/fast/node-initialize.yaml node/heartbeat/node-heartbeat.yaml pod/fast/pod-ready.yaml \
+             pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+        cat "$stages/$f"
+        echo "---"
+    done > "$dest/kwok-stages.yaml"
+    touch "$dest/.complete"
+    echo "get-controlplane: built in $(( $(date +%s) - started )) s"
+fi
+ln -sfn "$key" .tools/k8s/current
+find .tools/k8s -mindepth 1 -maxdepth 1 -type d ! -name "$key" -exec rm -rf {} +  # earlier builds

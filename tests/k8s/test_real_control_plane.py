@@ -1,0 +1,218 @@
+"""The chart, the CRD and the injected sidecar against a real Kubernetes control plane
+(``control_plane.py``: kube-apiserver, etcd, kube-controller-manager, kube-scheduler and kwok
+built from their Go modules). What the emulator could not show, shown by Kubernetes' own
+code: CEL validation of the CRD, helm's install/upgrade/uninstall (releases stored as
+Secrets), RBAC under the chart's ServiceAccount, Pod Security admission of the injected pod,
+and a real StatefulSet rollout whose pods kwok makes Ready.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+import yaml
+from compaction_operator.injection import build_sidecar, inject_into_pod
+from control_plane import ControlPlane, available, missing_reason, running
+from test_crd import CEL_RULES
+
+from cleaner.config import parse_policy
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+HELM = REPO / ".tools" / "bin" / "helm"
+CHART = REPO / "helm" / "kafka-cleaner-operator"
+CRD = REPO / "crds" / "compactionpolicy.yaml"
+
+pytestmark = [
+    pytest.mark.skipif(not available(), reason=missing_reason()),
+    pytest.mark.xdist_group("control-plane"),  # one control plane per session, on one worker
+]
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    with running(tmp_path_factory.mktemp("control-plane")) as plane:
+        plane.kubectl("apply", "--server-side", "-f", str(CRD))
+        plane.kubectl("wait", "--for=condition=Established", "crd/compactionpolicies.kafkacleaner.io", "--timeout=60s")
+        yield plane
+
+
+def _policy(name: str, spec: dict) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "kafkacleaner.io/v1alpha1",
+            "kind": "CompactionPolicy",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": spec,
+        }
+    )
+
+
+def _apply(plane: ControlPlane, text: str) -> subprocess.CompletedProcess[str]:
+    path = plane.root / "manifest.yaml"
+    path.write_text(text)
+    return plane.kubectl("apply", "-f", str(path), check=False)
+
+
+@pytest.mark.parametrize(("where", "rule", "valid", "invalid", "field"), CEL_RULES, ids=[r[1][:40] for r in CEL_RULES])
+def test_the_api_server_judges_each_cel_rule_as_the_policy_parser_does(
+    plane: ControlPlane, where: str, rule: str, valid: dict, invalid: dict, field: str
+) -> None:
+    """Each CEL rule of the CRD, by the API server itself (server-side dry run): the spec that
+    the rule and ``parse_policy`` accept is created, the one they refuse is refused, naming
+    the field (test_crd.py checks the same table against ``parse_policy``)."""
+    accepted = _create(plane, "valid", valid)
+    assert accepted.returncode == 0, accepted.stderr
+    refused = _create(plane, "invalid", invalid)
+    assert refused.returncode != 0, f"the API server accepted {invalid}"
+    assert field in refused.stderr, refused.stderr
+
+
+def _create(plane: ControlPlane, name: str, spec: dict) -> subprocess.CompletedProcess[str]:
+    path = plane.root / f"{name}.yaml"
+    path.write_text(_policy(name, spec))
+    return plane.kubectl("create", "--dry-run=server", "-f", str(path), check=False)
+
+
+def test_a_statefulset_rolls_out_on_fake_nodes_through_the_real_controllers(plane: ControlPlane) -> None:
+    sts = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "kafka", "namespace": "default"},
+        "spec": {
+            "replicas": 3,
+            "serviceName": "kafka",
+            "selector": {"matchLabels": {"app": "kafka"}},
+            "template": {
+                "metadata": {"labels": {"app": "kafka"}},
+                "spec": {"containers": [{"name": "kafka", "image": "apache/kafka:4.1.0"}]},
+            },
+        },
+    }
+    assert _apply(plane, yaml.safe_dump(sts)).returncode == 0
+    plane.kubectl("rollout", "status", "statefulset/kafka", "--timeout=120s")
+    pods = json.loads(plane.kubectl("get", "pods", "-l", "app=kafka", "-o", "json").stdout)["items"]
+    assert sorted(p["metadata"]["name"] for p in pods) == ["kafka-0", "kafka-1", "kafka-2"]
+    assert all(p["spec"]["nodeName"].startswith("kwok-node-") for p in pods)
+    assert all(c["type"] != "Ready" or c["status"] == "True" for p in pods for c in p["status"]["conditions"])
+
+
+def _helm(plane: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [str(HELM), f"--kubeconfig={plane.kubeconfig}", *args], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stdout}{proc.stderr}"
+    return proc
+
+
+@pytest.mark.skipif(not HELM.exists(), reason=f"helm is not installed at {HELM} (make setup installs it)")
+def test_helm_installs_upgrades_and_uninstalls_the_chart_and_its_rbac_is_what_the_operator_needs(
+    plane: ControlPlane,
+) -> None:
+    """The real helm against the real API server (releases stored as Secrets, which the
+    emulator refused); then the chart's ServiceAccount, impersonated, asked by the real RBAC
+    authorizer: what the operator calls is allowed, what it must never have is not."""
+    ns = "cleaner-system"
+    _helm(plane, "install", "kc", str(CHART), "-n", ns, "--create-namespace", "--wait", "--timeout=120s")
+    deployment = json.loads(
+        plane.kubectl("get", "deployment", "-n", ns, "kc-kafka-cleaner-operator", "-o", "json").stdout
+    )
+    assert deployment["status"].get("readyReplicas") == 1  # the operator's pod, Ready on a kwok node
+    account = f"system:serviceaccount:{ns}:kc-kafka-cleaner-operator"
+
+    def can(verb: str, resource: str, namespace: str = "kafka") -> bool:
+        proc = plane.kubectl("auth", "can-i", verb, resource, "-n", namespace, f"--as={account}", check=False)
+        return proc.stdout.strip() == "yes"
+
+    for verb, resource in [
+        ("list", "compactionpolicies.kafkacleaner.io"),
+        ("watch", "compactionpolicies.kafkacleaner.io"),
+        ("patch", "compactionpolicies.kafkacleaner.io/status"),
+        ("patch", "statefulsets.apps"),
+        ("list", "pods"),
+        ("create", "configmaps"),
+        ("create", "events"),
+    ]:
+        assert can(verb, resource), f"the operator may not {verb} {resource}"
+    for verb, resource in [
+        ("get", "secrets"),
+        ("list", "secrets"),
+        ("create", "pods/exec"),
+        ("delete", "statefulsets.apps"),
+        ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+    ]:
+        assert not can(verb, resource), f"the operator may {verb} {resource}"
+
+    _helm(plane, "upgrade", "kc", str(CHART), "-n", ns, "--set", "logLevel=DEBUG", "--wait", "--timeout=120s")
+    env = json.loads(plane.kubectl("get", "deployment", "-n", ns, "kc-kafka-cleaner-operator", "-o", "json").stdout)
+    container = env["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "KAFKA_CLEANER_LOG_LEVEL", "value": "DEBUG"} in container["env"]
+    _helm(plane, "uninstall", "kc", "-n", ns, "--wait", "--timeout=120s")
+    left = plane.kubectl(
+        "get",
+        "deployment,serviceaccount,clusterrole,clusterrolebinding",
+        "-A",
+        "-l",
+        "app.kubernetes.io/instance=kc",
+        "-o",
+        "name",
+    ).stdout
+    assert left.strip() == ""
+    # Helm never deletes what crds/ installed: the CRD, and so the users' policies, stay.
+    plane.kubectl("get", "crd", "compactionpolicies.kafkacleaner.io")
+
+
+def test_pod_security_admits_the_injected_broker_pod_in_a_restricted_namespace(plane: ControlPlane) -> None:
+    """The sidecar's restricted security context passes the real PodSecurity admission at
+    ``enforce: restricted``; the same pod with a capability added to the sidecar is refused."""
+    plane.kubectl("create", "namespace", "restricted-kafka")
+    plane.kubectl("label", "namespace", "restricted-kafka", "pod-security.kubernetes.io/enforce=restricted")
+    restricted = {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    broker = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "kafka-0", "namespace": "restricted-kafka"},
+        "spec": {
+            "securityContext": {"runAsUser": 1001, "fsGroup": 1001},
+            "containers": [
+                {
+                    "name": "kafka",
+                    "image": "apache/kafka:4.1.0",
+                    "securityContext": restricted,
+                    "volumeMounts": [{"name": "data", "mountPath": "/var/lib/kafka"}],
+                }
+            ],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+        },
+    }
+    for native in (True, False):
+        sidecar = build_sidecar(parse_policy(_policy_document("restricted-kafka")), image="kc:test", native=native)
+        pod = inject_into_pod(broker, sidecar)
+        admitted = _create_object(plane, pod)
+        assert admitted.returncode == 0, admitted.stderr
+        widened = inject_into_pod(broker, sidecar)
+        sidecar_container = next(c for c in widened["spec"][sidecar.list_name] if c["name"] == "kafka-cleaner")
+        sidecar_container["securityContext"]["capabilities"] = {"add": ["NET_ADMIN"], "drop": ["ALL"]}
+        refused = _create_object(plane, widened)
+        assert refused.returncode != 0 and 'violates PodSecurity "restricted:' in refused.stderr, refused.stderr
+
+
+def _policy_document(namespace: str) -> dict:
+    target = {"statefulSet": "kafka", "dataVolume": "data", "mountPath": "/var/lib/kafka", "logDirs": ["data"]}
+    return {"apiVersion": "kafkacleaner.io/v1alpha1", "kind": "CompactionPolicy",
+            "metadata": {"name": "offsets", "namespace": namespace, "generation": 1},
+            "spec": {"target": target}}  # fmt: skip
+
+
+def _create_object(plane: ControlPlane, obj: dict) -> subprocess.CompletedProcess[str]:
+    path = plane.root / "object.yaml"
+    path.write_text(yaml.safe_dump(obj))
+    return plane.kubectl("create", "--dry-run=server", "-f", str(path), check=False)
