@@ -23,6 +23,7 @@ from typing import Any
 import kubernetes
 import pytest
 import yaml
+from control_plane import ControlPlane, running
 from fakekube import FakeKube, RequestInfo, RunningFakeKube, running_fakekube
 from operator_helpers import Cluster
 
@@ -44,6 +45,17 @@ def fakekube(fakekube_version: str, tmp_path: pathlib.Path) -> Iterator[RunningF
     server = FakeKube(version=fakekube_version, bookmark_interval=1.0)
     with running_fakekube(server, kubeconfig=tmp_path / "kubeconfig") as kube:
         yield kube
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """The real control plane (``control_plane.py``), once per session (per xdist worker: the
+    tests that use it share the ``control-plane`` xdist group), with the CRD installed."""
+    with running(tmp_path_factory.mktemp("control-plane")) as plane:
+        crd = pathlib.Path(__file__).resolve().parents[2] / "crds" / "compactionpolicy.yaml"
+        plane.kubectl("apply", "--server-side", "-f", str(crd))
+        plane.kubectl("wait", "--for=condition=Established", "crd/compactionpolicies.kafkacleaner.io", "--timeout=60s")
+        yield plane
 
 
 @pytest.fixture

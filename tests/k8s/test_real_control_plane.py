@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import pathlib
 import subprocess
-from collections.abc import Iterator
 
 import pytest
 import yaml
 from compaction_operator.injection import build_sidecar, inject_into_pod
-from control_plane import ControlPlane, available, missing_reason, running
+from control_plane import ControlPlane, available, missing_reason
 from test_crd import CEL_RULES
 
 from cleaner.config import parse_policy
@@ -24,7 +23,6 @@ from cleaner.config import parse_policy
 REPO = pathlib.Path(__file__).resolve().parents[2]
 HELM = REPO / ".tools" / "bin" / "helm"
 CHART = REPO / "helm" / "kafka-cleaner-operator"
-CRD = REPO / "crds" / "compactionpolicy.yaml"
 
 pytestmark = [
     pytest.mark.skipif(not available(), reason=missing_reason()),
@@ -32,12 +30,9 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    with running(tmp_path_factory.mktemp("control-plane")) as plane:
-        plane.kubectl("apply", "--server-side", "-f", str(CRD))
-        plane.kubectl("wait", "--for=condition=Established", "crd/compactionpolicies.kafkacleaner.io", "--timeout=60s")
-        yield plane
+@pytest.fixture
+def plane(control_plane: ControlPlane) -> ControlPlane:
+    return control_plane
 
 
 def _policy(name: str, spec: dict) -> str:
