@@ -42,31 +42,20 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def as_the_chart(control_plane: ControlPlane) -> Iterator[ControlPlane]:
-    """The chart installed (its RBAC and ServiceAccount), and this process's kubeconfig readers
-    pointed at the API server with a token of that ServiceAccount."""
+WEBHOOK = "kc-tests.kafkacleaner.io"
+
+
+@pytest.fixture(params=["plain", "webhook"])
+def as_the_chart(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    """The chart installed (its RBAC and ServiceAccount; with the webhook, the rights kopf needs
+    to keep its MutatingWebhookConfiguration), and this process's kubeconfig readers pointed
+    at the API server with a token of that ServiceAccount."""
     plane = control_plane
-    subprocess.run(
-        [
-            str(HELM),
-            f"--kubeconfig={plane.kubeconfig}",
-            "upgrade",
-            "--install",
-            "kc",
-            str(CHART),
-            "-n",
-            RELEASE_NS,
-            "--create-namespace",
-            "--set",
-            "replicaCount=1",
-            "--wait",
-            "--timeout=120s",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    values = ["--set", f"webhook.enabled=true,webhook.manageConfiguration=true,webhook.configurationName={WEBHOOK}"]
+    helm = [str(HELM), f"--kubeconfig={plane.kubeconfig}", "upgrade", "--install", "kc", str(CHART), "-n", RELEASE_NS]
+    helm += ["--create-namespace", *(values if request.param == "webhook" else []), "--wait", "--timeout=120s"]
+    proc = subprocess.run(helm, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     plane.kubectl("create", "namespace", NS, check=False)
     # Right after the CRD is created the API server answers 429 "storage is (re)initializing"
     # for a moment; kopf would log its retry as an error.
@@ -128,6 +117,7 @@ def _running_pod(plane: ControlPlane, with_sidecar: bool) -> dict[str, Any]:
     )
 
 
+@pytest.mark.parametrize("as_the_chart", ["plain"], indirect=True)
 def test_the_operator_injects_through_a_real_rollout_reports_ready_and_removes_the_sidecar(
     as_the_chart: ControlPlane, tmp_path: pathlib.Path
 ) -> None:
@@ -203,3 +193,47 @@ def test_the_operator_injects_through_a_real_rollout_reports_ready_and_removes_t
     finally:
         if sidecar is not None:
             sidecar.close()
+
+
+@pytest.mark.parametrize("as_the_chart", ["webhook"], indirect=True)
+def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_creates(
+    as_the_chart: ControlPlane, tmp_path: pathlib.Path
+) -> None:
+    """``injection: webhook``: kopf keeps the MutatingWebhookConfiguration (as the chart's
+    ServiceAccount), the real API server calls kopf's server over TLS (a trustme certificate,
+    caBundle from the operator) for the pod the StatefulSet controller creates, and the pod is
+    created with the sidecar while the StatefulSet's template stays as it was."""
+    plane = as_the_chart
+    serving = plane.ca.issue_cert("127.0.0.1")
+    cert, key, ca = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
+    serving.cert_chain_pems[0].write_to_path(str(cert))
+    serving.private_key_pem.write_to_path(str(key))
+    plane.ca.cert_pem.write_to_path(str(ca))
+    port = free_port()
+    with running_operator(webhook_enabled=True, webhook_addr="127.0.0.1", webhook_port=port,
+                          webhook_cert_file=str(cert), webhook_key_file=str(key), webhook_ca_file=str(ca),
+                          webhook_host="127.0.0.1", webhook_configuration=WEBHOOK):  # fmt: skip
+        target = {"podSelector": {"matchLabels": {"app": "wbroker"}}, "dataVolume": "data",
+                  "mountPath": "/var/lib/kafka", "logDirs": ["kafka-log*"], "injection": "webhook"}  # fmt: skip
+        manifest = policy("selected", target=target)
+        manifest["metadata"]["namespace"] = NS
+        _apply(plane, manifest)
+        wait_for(lambda: plane.kubectl("get", "mutatingwebhookconfiguration", WEBHOOK, check=False).returncode == 0
+                 and _get(plane, "configmap", "selected-kafka-cleaner"), timeout=TIMEOUT,
+                 what="the webhook configuration and the policy's ConfigMap")  # fmt: skip
+        broker = _broker()
+        broker["metadata"]["name"] = "wbroker"
+        labels = {"app": "wbroker"}
+        broker["spec"]["selector"]["matchLabels"] = broker["spec"]["template"]["metadata"]["labels"] = labels
+        _apply(plane, broker)
+        pod = wait_for(lambda: _get(plane, "pod", "wbroker-0"), timeout=TIMEOUT, what="wbroker-0")
+        found = find_sidecar(pod["spec"])
+        assert found is not None and found[0] == "initContainers", pod["spec"]
+        assert pod["metadata"]["annotations"]["kafkacleaner.io/policy"] == "selected"
+        template = (_get(plane, "statefulset", "wbroker") or {})["spec"]["template"]
+        assert find_sidecar(template["spec"]) is None
+        plane.kubectl("delete", "-n", NS, "statefulset", "wbroker", "--wait=true")
+        plane.kubectl("delete", "-n", NS, "compactionpolicy", "selected", "--wait=true", f"--timeout={int(TIMEOUT)}s")
+    # kopf leaves its configurations behind (and an empty validating one of the same name).
+    kinds = "mutatingwebhookconfiguration,validatingwebhookconfiguration"
+    plane.kubectl("delete", kinds, WEBHOOK, "--ignore-not-found")
