@@ -63,6 +63,7 @@ __all__ = [
 SIDECAR_CONTAINER = "kafka-cleaner"
 POLICY_VOLUME = "kafka-cleaner-policy"
 POLICY_DIR = "/etc/kafka-cleaner"
+SERVICE_ACCOUNT_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 CONFIGMAP_KEY = "policy.yaml"
 POLICY_PATH = f"{POLICY_DIR}/{CONFIGMAP_KEY}"
 #: A container port name is an IANA_SVC_NAME: at most 15 characters.
@@ -277,6 +278,11 @@ def build_sidecar(policy: Policy, *, image: str, native: bool) -> Sidecar:
             {"name": POLICY_VOLUME, "mountPath": POLICY_DIR, "readOnly": True},
             {"name": target.data_volume, "mountPath": target.mount_path,
              "readOnly": policy.mode is Mode.OBSERVE},
+            # The sidecar calls no Kubernetes API, so it gets no credentials: the API server's
+            # ServiceAccount admission mounts the pod's token into every container that has
+            # nothing at this path (the broker's token, on a StatefulSet's pods), and skips a
+            # container that has. The policy volume stands there, read-only.
+            {"name": POLICY_VOLUME, "mountPath": SERVICE_ACCOUNT_TOKEN_DIR, "readOnly": True},
         ],
         # Liveness only. A container's readiness (a native sidecar's too) counts towards the
         # *pod's* Ready condition: a readiness probe on /readyz (200 once the policy is loaded
@@ -294,9 +300,11 @@ def build_sidecar(policy: Policy, *, image: str, native: bool) -> Sidecar:
         container["resources"] = resources.to_dict()
     if native:
         container["restartPolicy"] = "Always"
+    # optional: a pod created after the policy (and so its ConfigMap) was deleted, or before
+    # the operator wrote it, still starts; the sidecar waits for a policy file meanwhile.
     volume = {
         "name": POLICY_VOLUME,
-        "configMap": {"name": configmap_name(policy.name),
+        "configMap": {"name": configmap_name(policy.name), "optional": True,
                       "items": [{"key": CONFIGMAP_KEY, "path": CONFIGMAP_KEY}]},
     }
     canonical = json.dumps({"container": container, "volume": volume}, sort_keys=True, separators=(",", ":"))

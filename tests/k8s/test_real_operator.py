@@ -161,13 +161,12 @@ def test_the_operator_injects_through_a_real_rollout_reports_ready_and_removes_t
             policy_volume = ConfigMapVolume(tmp_path / "volumes" / volume["name"], volume)
             policy_volume.sync(configmap)
             pod["metadata"]["namespace"] = NS
-            # The API server's ServiceAccount admission mounted a token into the sidecar too
-            # (kube-api-access-*): the sidecar calls no API, but it holds the broker's token.
-            container = find_sidecar(pod["spec"])[1]
-            tokens = [m["name"] for m in container["volumeMounts"] if m["name"].startswith("kube-api-access-")]
-            assert len(tokens) == 1
-            (tmp_path / "token").mkdir()
-            volumes = {volume["name"]: policy_volume.root, "data": data, tokens[0]: tmp_path / "token"}
+            # The API server's ServiceAccount admission gave the broker its token, not the sidecar.
+            containers = {c["name"]: c for c in pod["spec"]["containers"] + pod["spec"]["initContainers"]}
+            token = [m["name"] for m in containers["kafka"]["volumeMounts"] if m["name"].startswith("kube-api-access")]
+            assert len(token) == 1
+            assert token[0] not in {m["name"] for m in containers[SIDECAR_CONTAINER]["volumeMounts"]}
+            volumes = {volume["name"]: policy_volume.root, "data": data}
             sidecar = SidecarProcess(pod, volumes, tmp_path / "sidecar.log")
             sidecar.start()
             waited = plane.kubectl(

@@ -110,10 +110,11 @@ def test_sidecar_command_line_and_mounts() -> None:
     assert c["volumeMounts"] == [
         {"name": POLICY_VOLUME, "mountPath": "/etc/kafka-cleaner", "readOnly": True},
         {"name": "data-0", "mountPath": "/var/lib/kafka/data-0", "readOnly": True},
+        {"name": POLICY_VOLUME, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": True},
     ]
     assert c["restartPolicy"] == "Always" and sidecar.list_name == "initContainers"
     assert sidecar.volume == {"name": POLICY_VOLUME, "configMap": {
-        "name": "offsets-kafka-cleaner", "items": [{"key": "policy.yaml", "path": "policy.yaml"}]}}
+        "name": "offsets-kafka-cleaner", "optional": True, "items": [{"key": "policy.yaml", "path": "policy.yaml"}]}}
     assert "resources" not in c
 
 
