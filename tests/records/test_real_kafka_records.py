@@ -62,7 +62,12 @@ def _log_files(root: pathlib.Path) -> list[pathlib.Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and _LOG_NAME.search(p.name))
 
 
-LOG_FILES = [p.relative_to(_ROOT).as_posix() for p in _log_files(_ROOT)]
+# Without ../shared, one parameter that skips with the reason (pytest's own "got empty
+# parameter set" would hide that some 130 cases did not run, and why).
+LOG_FILES = [p.relative_to(_ROOT).as_posix() for p in _log_files(_ROOT)] or [
+    pytest.param("-", marks=pytest.mark.skip(reason=f"real Kafka fixtures not found at {_ROOT} (../shared): "
+                                             "one case per real .log file did not run"))
+]
 
 
 # ---- PROVENANCE.md -------------------------------------------------------------------------------

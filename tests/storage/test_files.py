@@ -119,12 +119,33 @@ def test_rename_replaces_and_remove(tmp_path):
         files.remove(b, missing_ok=False)
 
 
-def test_fsync_helpers_accept_paths(tmp_path):
+def test_fsync_helpers_sync_the_file_or_directory_they_are_given(tmp_path, monkeypatch):
+    """Each helper calls the real ``os.fsync`` (spied on, not replaced) on a descriptor of the
+    very inode it was given, whether given a path, a str or a descriptor; a missing path is an
+    error, never a silent no-op."""
     p = tmp_path / "f"
     p.write_bytes(b"x")
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
     files.fsync_file(p)
     files.fsync_file(str(p))
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        files.fsync_file(fd)
+    finally:
+        os.close(fd)
     files.fsync_dir(tmp_path)
+    assert synced == [p.stat().st_ino] * 3 + [tmp_path.stat().st_ino]
+    with pytest.raises(FileNotFoundError):
+        files.fsync_file(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError):
+        files.fsync_dir(tmp_path / "missing")
 
 
 def test_set_mtime_ms_keeps_atime(tmp_path):
