@@ -97,9 +97,11 @@ class Kube:
             raise
 
     def list_statefulsets(self, namespace: str) -> list[dict[str, Any]]:
+        """The items of a list carry no ``kind``/``apiVersion`` (the API server puts them on the
+        list only); they are filled in, so that an Event about one names what it is about."""
         listing = _json(self.apps.list_namespaced_stateful_set(namespace, _preload_content=False,
                                                                _request_timeout=TIMEOUT))
-        return list(listing.get("items") or [])
+        return [{"apiVersion": "apps/v1", "kind": "StatefulSet", **item} for item in listing.get("items") or []]
 
     def patch_statefulset(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """A strategic merge patch (the client's choice for a dict body on a built-in kind)."""

@@ -175,6 +175,53 @@ class Cluster:
                 for e in self.kube.server.objects("v1", "events", NS)]
 
 
+class ApiCluster:
+    """The test's view of a cluster through its API (the real control plane's), with the
+    methods of :class:`Cluster`, in namespace ``namespace``."""
+
+    def __init__(self, client: kubernetes.client.ApiClient, namespace: str) -> None:
+        self.ns, self.custom = namespace, CustomObjectsApi(client)
+        self.apps, self.core = AppsV1Api(client), CoreV1Api(client)
+
+    @staticmethod
+    def _json(call: Callable[..., Any], *args: Any) -> dict[str, Any] | None:
+        try:
+            return dict(json.loads(call(*args, _preload_content=False).data))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def sts(self, name: str = "broker") -> dict[str, Any]:
+        obj = self._json(self.apps.read_namespaced_stateful_set, name, self.ns)
+        assert obj is not None
+        return obj
+
+    def pod(self, name: str) -> dict[str, Any] | None:
+        return self._json(self.core.read_namespaced_pod, name, self.ns)
+
+    def policy(self, name: str) -> dict[str, Any] | None:
+        return self._json(self.custom.get_namespaced_custom_object, G, V, self.ns, P, name)
+
+    def status(self, name: str) -> dict[str, Any]:
+        return (self.policy(name) or {}).get("status") or {}
+
+    def condition(self, name: str, type_: str) -> dict[str, Any]:
+        return next((c for c in self.status(name).get("conditions", []) if c["type"] == type_), {})
+
+    def configmap(self, name: str) -> dict[str, Any] | None:
+        return self._json(self.core.read_namespaced_config_map, name, self.ns)
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> int:
+        obj = self.custom.patch_namespaced_custom_object(G, V, self.ns, P, name, {"spec": spec})
+        return int(obj["metadata"]["generation"])
+
+    def events(self) -> list[tuple[str, str, str]]:
+        listed = self._json(self.core.list_namespaced_event, self.ns) or {}
+        items = listed.get("items", [])
+        return [(e["involvedObject"].get("kind", ""), e["reason"], e.get("message", "")) for e in items]
+
+
 def scrape_metrics(port: int) -> str:
     """The text of an operator's ``/metrics`` on a loopback port."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:

@@ -18,13 +18,15 @@ import subprocess
 from collections.abc import Iterator
 from typing import Any
 
+import kubernetes
 import pytest
 import yaml
+from compaction_operator import metrics
 from compaction_operator.injection import SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION, find_sidecar
 from control_plane import ControlPlane, available, missing_reason
 from fakekube import activated_kubeconfig
-from operator_helpers import free_port, policy, running_operator, wait_for
-from test_operator_sidecar_e2e import ConfigMapVolume, SidecarProcess
+from kubelet import ConfigMapVolume, SidecarProcess, files_of
+from operator_helpers import ApiCluster, free_port, policy, running_operator, wait_for
 
 from cleaner.generate import GeneratorConfig, generate
 
@@ -117,81 +119,162 @@ def _running_pod(plane: ControlPlane, with_sidecar: bool) -> dict[str, Any]:
     )
 
 
+POLICY, CONFIGMAP = "live", "live-kafka-cleaner"
+
+
+def reconciliations() -> float:
+    return metrics.REGISTRY.get_sample_value(
+        "kafka_cleaner_operator_reconciliations_total", {"namespace": NS, "policy": POLICY}
+    ) or 0.0
+
+
 @pytest.mark.parametrize("as_the_chart", ["plain"], indirect=True)
-def test_the_operator_injects_through_a_real_rollout_reports_ready_and_removes_the_sidecar(
+def test_the_real_sidecar_reports_through_the_operator_over_real_rollouts(
     as_the_chart: ControlPlane, tmp_path: pathlib.Path
 ) -> None:
+    """Inject (a real rollout), Ready at generation 1 with the broker's entry, dirty ratios and
+    top partitions; a spec change reaches the ConfigMap, then the sidecar, with no rollout; a
+    killed sidecar makes the policy Degraded and a restarted one Ready; pause freezes what
+    reaches the cluster and resume publishes the pending spec; deletion removes the sidecar
+    through another real rollout and deletes the ConfigMap. The operator calls as the chart's
+    ServiceAccount throughout, so every call it makes is one the chart's RBAC allows."""
     plane = as_the_chart
+    cluster = ApiCluster(kubernetes.config.new_client_from_config(config_file=str(plane.kubeconfig)), NS)
     data = tmp_path / "volumes" / "data"
-    generate(
-        data / "kafka-log0",
-        GeneratorConfig(topics=1, partitions=2, records=2000, keys=200, segment_bytes=64 * 1024, compression="none"),
-    )
+    config = GeneratorConfig(topics=2, partitions=2, records=2000, keys=200, segment_bytes=64 * 1024,
+                             compression="none")  # fmt: skip
+    generate(data / "kafka-log0", config)
+    data_before = files_of(data)
     _apply(plane, _broker())
     first = _running_pod(plane, with_sidecar=False)
+    original = cluster.sts()
     port = free_port()
+
+    def ready_at(generation: int) -> dict[str, Any] | None:
+        status = cluster.status(POLICY)
+        ready = cluster.condition(POLICY, "Ready")
+        ok = (ready.get("status") == "True" and ready.get("observedGeneration") == generation
+              and status.get("observedGeneration") == generation)  # fmt: skip
+        return status if ok else None
+
     sidecar: SidecarProcess | None = None
     try:
         with running_operator():
-            manifest = policy(
-                "live",
-                target={
-                    "statefulSet": "broker",
-                    "dataVolume": "data",
-                    "mountPath": "/var/lib/kafka",
-                    "logDirs": ["kafka-log*"],
-                },
-                sidecar={"port": port},
-                topics=[{"match": "topic-.*", "cleanupPolicy": "compact"}],
-                reporting={"intervalSeconds": 1},
-            )
+            target = {"statefulSet": "broker", "dataVolume": "data", "mountPath": "/var/lib/kafka",
+                      "logDirs": ["kafka-log*"]}  # fmt: skip
+            manifest = policy(POLICY, target=target, sidecar={"port": port}, reporting={"intervalSeconds": 1},
+                              topics=[{"match": "topic-.*", "cleanupPolicy": "compact"}])  # fmt: skip
             manifest["metadata"]["namespace"] = NS
             _apply(plane, manifest)
+
+            # -- the StatefulSet controller replaces the pod; kwok runs it on the host network --
             pod = _running_pod(plane, with_sidecar=True)
-            assert pod["metadata"]["uid"] != first["metadata"]["uid"]  # the controller replaced it
+            assert pod["metadata"]["uid"] != first["metadata"]["uid"]
             assert pod["status"]["podIP"] == "127.0.0.1"
             assert SIDECAR_HASH_ANNOTATION in pod["metadata"]["annotations"]
-            sts = _get(plane, "statefulset", "broker")
-            assert sts is not None and sts["status"].get("updateRevision") == sts["status"].get("currentRevision")
-
-            [volume] = [v for v in pod["spec"]["volumes"] if v.get("configMap", {}).get("name") == "live-kafka-cleaner"]
-            configmap = wait_for(
-                lambda: _get(plane, "configmap", "live-kafka-cleaner"), timeout=TIMEOUT, what="the policy's ConfigMap"
-            )
-            policy_volume = ConfigMapVolume(tmp_path / "volumes" / volume["name"], volume)
-            policy_volume.sync(configmap)
-            pod["metadata"]["namespace"] = NS
+            container = find_sidecar(pod["spec"])[1]
+            assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+            assert "readinessProbe" not in container  # never gates the broker pod
             # The API server's ServiceAccount admission gave the broker its token, not the sidecar.
             containers = {c["name"]: c for c in pod["spec"]["containers"] + pod["spec"]["initContainers"]}
             token = [m["name"] for m in containers["kafka"]["volumeMounts"] if m["name"].startswith("kube-api-access")]
             assert len(token) == 1
             assert token[0] not in {m["name"] for m in containers[SIDECAR_CONTAINER]["volumeMounts"]}
-            volumes = {volume["name"]: policy_volume.root, "data": data}
-            sidecar = SidecarProcess(pod, volumes, tmp_path / "sidecar.log")
-            sidecar.start()
-            waited = plane.kubectl(
-                "wait",
-                "-n",
-                NS,
-                "--for=condition=Ready",
-                "compactionpolicy/live",
-                f"--timeout={int(TIMEOUT)}s",
-                check=False,
-                timeout_s=TIMEOUT + 30,
-            )
-            assert waited.returncode == 0, waited.stdout + waited.stderr
-            status = (_get(plane, "compactionpolicy", "live") or {})["status"]
-            assert list(status["brokers"]) == ["broker-0"], status
-            assert status["brokers"]["broker-0"]["cleanableBytes"] > 0  # pulled from the sidecar's /status
 
-            plane.kubectl("delete", "-n", NS, "compactionpolicy", "live", "--wait=true", f"--timeout={int(TIMEOUT)}s")
-            sidecar.stop()
+            [volume] = [v for v in pod["spec"]["volumes"] if v.get("configMap", {}).get("name") == CONFIGMAP]
+            policy_volume = ConfigMapVolume(tmp_path / "volumes" / volume["name"], volume)
+            assert policy_volume.sync(wait_for(lambda: cluster.configmap(CONFIGMAP), timeout=TIMEOUT,
+                                               what="the ConfigMap"))  # fmt: skip
+            sidecar = SidecarProcess(pod, {volume["name"]: policy_volume.root, "data": data}, tmp_path / "sidecar.log")
+            assert sidecar.port == port
+            sidecar.start()
+
+            # -- Ready at generation 1 (kubectl wait, as a person or a pipeline would) ---------
+            waited = plane.kubectl("wait", "-n", NS, "--for=condition=Ready", f"compactionpolicy/{POLICY}",
+                                   f"--timeout={int(TIMEOUT)}s", check=False, timeout_s=TIMEOUT + 30)  # fmt: skip
+            assert waited.returncode == 0, waited.stdout + waited.stderr
+            status = wait_for(lambda: ready_at(1), timeout=TIMEOUT, what="Ready at generation 1")
+            own = sidecar.status()
+            assert own["broker"] == "broker-0" and own["policyGeneration"] == 1
+            broker = status["brokers"]["broker-0"]
+            assert broker["policyGeneration"] == 1 and broker["mode"] == "observe" and broker["state"] == "observing"
+            assert broker["partitions"] == 4 and broker["uncleanablePartitions"] == 0
+            assert 0 < broker["maxDirtyRatio"] <= 1 and broker["cleanableBytes"] > 0
+            assert status["summary"]["brokers"] == "1/1"
+            top = status["topPartitions"]
+            assert {(p["topic"], p["partition"]) for p in top} == {(f"topic-{t}", p) for t in (0, 1) for p in (0, 1)}
+            ready = cluster.condition(POLICY, "Ready")
+            assert ready["reason"] == "AllBrokersReporting" and ready["message"].startswith("1/1 brokers reporting")
+
+            # -- a spec change: the ConfigMap, then (once the kubelet syncs) the sidecar -------
+            sts_version = cluster.sts()["metadata"]["resourceVersion"]
+            generation = cluster.patch_spec(POLICY, {"topics": [{"match": "topic-0", "cleanupPolicy": "compact"}]})
+            assert generation == 2
+            configmap = wait_for(lambda: (c := cluster.configmap(CONFIGMAP)) and "generation: 2" in c["data"][
+                "policy.yaml"] and c, timeout=TIMEOUT, what="the ConfigMap at generation 2")  # fmt: skip
+            awaiting = wait_for(lambda: (c := cluster.condition(POLICY, "Reconciling")).get("reason")
+                                == "AwaitingPolicy" and c, timeout=TIMEOUT, what="AwaitingPolicy")  # fmt: skip
+            assert awaiting["status"] == "True" and "broker-0" in awaiting["message"]
+            assert policy_volume.sync(configmap)
+            wait_for(lambda: sidecar.status()["policyGeneration"] == 2, timeout=TIMEOUT, interval=0.2,
+                     what="the sidecar at policyGeneration 2")  # fmt: skip
+            wait_for(lambda: ready_at(2), timeout=TIMEOUT, what="Ready at generation 2")
+            wait_for(lambda: {p["topic"] for p in cluster.status(POLICY)["topPartitions"]} == {"topic-0"},
+                     timeout=TIMEOUT, what="top partitions of topic-0 only")  # fmt: skip
+            assert cluster.sts()["metadata"]["resourceVersion"] == sts_version  # no rollout for a policy edit
+
+            # -- the sidecar dies: Degraded, the pod named; restarted: Ready again --------------
+            sidecar.kill()
+            degraded = wait_for(lambda: (c := cluster.condition(POLICY, "Degraded")).get("status") == "True" and c,
+                                timeout=TIMEOUT, what="Degraded")  # fmt: skip
+            assert degraded["reason"] == "BrokersNotReporting" and "broker-0" in degraded["message"]
+            assert cluster.status(POLICY)["brokers"]["broker-0"]["state"] == "unreachable"
+            sidecar.start()
+            wait_for(lambda: ready_at(2), timeout=TIMEOUT, what="Ready after the restart")
+            assert cluster.condition(POLICY, "Degraded")["status"] == "False"
+
+            # -- pause: nothing reaches the cluster; reports go on -------------------------------
+            generation = cluster.patch_spec(POLICY, {"paused": True})
+            wait_for(lambda: cluster.status(POLICY).get("paused") is True, timeout=TIMEOUT, what="paused")
+            frozen_cm = cluster.configmap(CONFIGMAP)["metadata"]["resourceVersion"]
+            frozen_sts = cluster.sts()["metadata"]["resourceVersion"]
+            paused_generation = cluster.patch_spec(POLICY, {"topics": [{"match": "topic-.*",
+                                                                        "cleanupPolicy": "compact"}]})  # fmt: skip
+            wait_for(lambda: cluster.status(POLICY).get("observedGeneration") == paused_generation,
+                     timeout=TIMEOUT, what="the paused generation observed")  # fmt: skip
+            rounds = reconciliations()
+            wait_for(lambda: reconciliations() >= rounds + 2, timeout=TIMEOUT, what="two reporting rounds")
+            assert cluster.configmap(CONFIGMAP)["metadata"]["resourceVersion"] == frozen_cm
+            assert cluster.sts()["metadata"]["resourceVersion"] == frozen_sts
+            assert sidecar.status()["policyGeneration"] == 2  # still the last published policy
+
+            # -- resume: the pending spec is published and reaches the sidecar ---------------------
+            generation = cluster.patch_spec(POLICY, {"paused": False})
+            published = f"generation: {generation}"
+            configmap = wait_for(lambda: (c := cluster.configmap(CONFIGMAP)) and published in c["data"]["policy.yaml"]
+                                 and c, timeout=TIMEOUT, what="the resumed ConfigMap")  # fmt: skip
+            assert policy_volume.sync(configmap)
+            wait_for(lambda: (s := ready_at(generation)) and len(s["topPartitions"]) == 4, timeout=TIMEOUT,
+                     what=f"Ready at generation {generation}, all topics again")  # fmt: skip
+
+            # -- delete: a real rollout removes the sidecar, the ConfigMap goes -------------------
+            plane.kubectl("delete", "-n", NS, "compactionpolicy", POLICY, "--wait=true", f"--timeout={int(TIMEOUT)}s")
+            assert sidecar.stop() == 0  # the controller's replacement of the pod: SIGTERM
             restored = _running_pod(plane, with_sidecar=False)
             assert SIDECAR_CONTAINER not in json.dumps(restored["spec"])
-            assert _get(plane, "configmap", "live-kafka-cleaner") is None
+            assert json.dumps(cluster.sts()["spec"]["template"], sort_keys=True) == json.dumps(
+                original["spec"]["template"], sort_keys=True)  # fmt: skip
+            assert cluster.configmap(CONFIGMAP) is None
     finally:
         if sidecar is not None:
             sidecar.close()
+    assert files_of(data) == data_before  # observe mode: the log dir untouched
+    assert "Traceback" not in (tmp_path / "sidecar.log").read_text()
+    events = {e[:2] for e in cluster.events()}
+    assert all(kind for kind, _ in events), sorted(events)  # every Event names the kind of its object
+    assert {("CompactionPolicy", "SidecarInjected"), ("CompactionPolicy", "PolicyPublished"),
+            ("CompactionPolicy", "BrokersNotReporting"), ("CompactionPolicy", "DegradedCleared"),
+            ("CompactionPolicy", "SidecarRemoved")} <= events  # fmt: skip
 
 
 @pytest.mark.parametrize("as_the_chart", ["webhook"], indirect=True)
