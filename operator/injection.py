@@ -344,15 +344,18 @@ def has_data_volume(pod_spec: Mapping[str, Any], volume: str,
 
 
 def template_patch(template: Mapping[str, Any], sidecar: Sidecar,
-                   resource_version: str | None = None) -> dict[str, Any] | None:
-    """The strategic-merge patch of a StatefulSet that makes its pod template carry ``sidecar``,
-    or None when it already does (same hash, container and volume present).
+                   resource_version: str | None = None) -> list[dict[str, Any]] | None:
+    """The JSON patch (RFC 6902) of a StatefulSet that makes its pod template carry exactly
+    ``sidecar``, or None when it already does (same hash, container and volume present).
 
-    Only the sidecar's own list entries and annotations are named, so the broker's containers
-    and volumes are never part of the patch. An existing sidecar entry is replaced whole
-    (``$patch: replace``), so fields dropped from the spec do not linger; one found in the
-    other list (after a cluster upgrade to native sidecars) is deleted there. With
-    ``resource_version``, the patch fails with 409 if the StatefulSet changed since it was read.
+    A JSON patch, not a strategic merge patch: an existing sidecar must be *replaced whole*
+    (fields dropped from the spec must not linger), and the strategic merge patch has no way
+    to replace one entry of a list merged by name: ``$patch: replace`` inside an entry
+    replaces the whole list (every init container, every volume of the broker), which the
+    API server then refuses, or worse, accepts. Each operation on an existing entry is
+    preceded by a ``test`` of that entry's name, and the whole patch by a ``test`` of
+    ``resource_version`` (the patch fails with 422 if the StatefulSet changed since it was
+    read). Only the sidecar's own entries and annotations are named.
     """
     meta, spec = template.get("metadata") or {}, template.get("spec") or {}
     annotations = meta.get("annotations") or {}
@@ -362,20 +365,51 @@ def template_patch(template: Mapping[str, Any], sidecar: Sidecar,
             and annotations.get(POLICY_ANNOTATION) == sidecar.policy_name
             and current is not None and current[0] == sidecar.list_name and volume is not None):
         return None
-    container = dict(sidecar.container)
-    if current is not None and current[0] == sidecar.list_name:
-        container["$patch"] = "replace"
-    new_volume = dict(sidecar.volume)
-    if volume is not None:
-        new_volume["$patch"] = "replace"
-    pod_spec: dict[str, Any] = {sidecar.list_name: [container], "volumes": [new_volume]}
-    if current is not None and current[0] == sidecar.other_list_name:
-        pod_spec[sidecar.other_list_name] = _delete_from(spec, sidecar.other_list_name)
-    patch: dict[str, Any] = {"spec": {"template": {"metadata": {"annotations": sidecar.annotations},
-                                                   "spec": pod_spec}}}
+    ops: list[dict[str, Any]] = []
     if resource_version is not None:
-        patch["metadata"] = {"resourceVersion": resource_version}
-    return patch
+        ops.append({"op": "test", "path": "/metadata/resourceVersion", "value": resource_version})
+    base = "/spec/template/spec"
+    lists = {name: list(spec.get(name) or []) for name in ("initContainers", "containers", "volumes")}
+    if current is not None and current[0] == sidecar.other_list_name:  # moved (native sidecars or not)
+        ops += _remove_entry(base, current[0], lists[current[0]], SIDECAR_CONTAINER)
+        current = None
+    ops += _put_entry(base, sidecar.list_name, lists[sidecar.list_name], SIDECAR_CONTAINER, sidecar.container)
+    ops += _put_entry(base, "volumes", lists["volumes"], POLICY_VOLUME, sidecar.volume)
+    if "annotations" not in meta:
+        ops.append({"op": "add", "path": "/spec/template/metadata/annotations", "value": sidecar.annotations})
+    else:
+        ops += [{"op": "add", "path": f"/spec/template/metadata/annotations/{_pointer(key)}", "value": value}
+                for key, value in sidecar.annotations.items()]
+    return ops
+
+
+def _pointer(token: str) -> str:
+    """One JSON Pointer reference token (RFC 6901: ``~`` and ``/`` escaped)."""
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def _put_entry(base: str, list_name: str, items: list[Mapping[str, Any]], name: str,
+               value: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Replace the entry ``name`` of ``list_name`` whole, or append it (creating the list)."""
+    index = next((i for i, item in enumerate(items) if item.get("name") == name), None)
+    if index is None:
+        if not items:
+            return [{"op": "add", "path": f"{base}/{list_name}", "value": [dict(value)]}]
+        return [{"op": "add", "path": f"{base}/{list_name}/-", "value": dict(value)}]
+    path = f"{base}/{list_name}/{index}"
+    test = {"op": "test", "path": f"{path}/name", "value": name}
+    return [test, {"op": "replace", "path": path, "value": dict(value)}]
+
+
+def _remove_entry(base: str, list_name: str, items: list[Mapping[str, Any]], name: str) -> list[dict[str, Any]]:
+    """Remove the entry ``name`` of ``list_name``; the whole list when it was the only entry
+    (so an emptied list disappears, as it was absent before the injection)."""
+    index = next(i for i, item in enumerate(items) if item.get("name") == name)
+    path = f"{base}/{list_name}/{index}"
+    test = {"op": "test", "path": f"{path}/name", "value": name}
+    if len(items) == 1:
+        return [test, {"op": "remove", "path": f"{base}/{list_name}"}]
+    return [test, {"op": "remove", "path": path}]
 
 
 def _delete_from(spec: Mapping[str, Any], list_name: str, name: str = SIDECAR_CONTAINER) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kubernetes
@@ -103,11 +103,16 @@ class Kube:
                                                                _request_timeout=TIMEOUT))
         return [{"apiVersion": "apps/v1", "kind": "StatefulSet", **item} for item in listing.get("items") or []]
 
-    def patch_statefulset(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-        """A strategic merge patch (the client's choice for a dict body on a built-in kind)."""
+    def patch_statefulset(self, namespace: str, name: str,
+                          patch: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """A JSON patch (a list of operations) or a strategic merge patch (an object)."""
+        if isinstance(patch, Mapping):
+            body: Any = dict(patch)
+            content_type = "application/strategic-merge-patch+json"
+        else:
+            body, content_type = [dict(op) for op in patch], "application/json-patch+json"
         return _json(self.apps.patch_namespaced_stateful_set(
-            name, namespace, dict(patch), _preload_content=False, _request_timeout=TIMEOUT,
-            _content_type="application/strategic-merge-patch+json"))
+            name, namespace, body, _preload_content=False, _request_timeout=TIMEOUT, _content_type=content_type))
 
     # -- ConfigMaps ------------------------------------------------------------------------
 

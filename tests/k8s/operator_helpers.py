@@ -134,6 +134,11 @@ def without_injection(template: dict[str, Any]) -> dict[str, Any]:
     spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] != POLICY_VOLUME]
     for key in (SIDECAR_HASH_ANNOTATION, POLICY_ANNOTATION):
         out["metadata"].get("annotations", {}).pop(key, None)
+    for key in ("initContainers", "volumes"):  # lists the injection created, emptied again
+        if spec.get(key) == []:
+            del spec[key]
+    if out["metadata"].get("annotations") == {}:
+        del out["metadata"]["annotations"]
     return out
 
 

@@ -26,8 +26,18 @@ from compaction_operator.injection import SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTA
 from control_plane import ControlPlane, available, missing_reason
 from fakekube import activated_kubeconfig
 from kubelet import ConfigMapVolume, SidecarProcess, files_of
-from operator_helpers import ApiCluster, free_port, policy, running_operator, wait_for
+from operator_helpers import (
+    ApiCluster,
+    canonical,
+    free_port,
+    policy,
+    running_operator,
+    scrape_metrics,
+    wait_for,
+    without_injection,
+)
 
+from cleaner.config import load_policy, parse_policy
 from cleaner.generate import GeneratorConfig, generate
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -158,6 +168,7 @@ def test_the_real_sidecar_reports_through_the_operator_over_real_rollouts(
         return status if ok else None
 
     sidecar: SidecarProcess | None = None
+    http = metrics.start_http_server("127.0.0.1", 0, lambda: True)
     try:
         with running_operator():
             target = {"statefulSet": "broker", "dataVolume": "data", "mountPath": "/var/lib/kafka",
@@ -169,6 +180,15 @@ def test_the_real_sidecar_reports_through_the_operator_over_real_rollouts(
 
             # -- the StatefulSet controller replaces the pod; kwok runs it on the host network --
             pod = _running_pod(plane, with_sidecar=True)
+            # Exactly the sidecar, its volume and annotations were added to the template.
+            template = cluster.sts()["spec"]["template"]
+            assert canonical(without_injection(template)) == canonical(original["spec"]["template"])
+            first_hash = template["metadata"]["annotations"][SIDECAR_HASH_ANNOTATION]
+            cr = cluster.policy(POLICY)
+            published = wait_for(lambda: cluster.configmap(CONFIGMAP), timeout=TIMEOUT, what="the ConfigMap")
+            (tmp_path / "policy.yaml").write_text(published["data"]["policy.yaml"])
+            assert load_policy(tmp_path / "policy.yaml") == parse_policy(cr)
+            assert published["metadata"]["ownerReferences"][0]["uid"] == cr["metadata"]["uid"]
             assert pod["metadata"]["uid"] != first["metadata"]["uid"]
             assert pod["status"]["podIP"] == "127.0.0.1"
             assert SIDECAR_HASH_ANNOTATION in pod["metadata"]["annotations"]
@@ -257,24 +277,42 @@ def test_the_real_sidecar_reports_through_the_operator_over_real_rollouts(
             wait_for(lambda: (s := ready_at(generation)) and len(s["topPartitions"]) == 4, timeout=TIMEOUT,
                      what=f"Ready at generation {generation}, all topics again")  # fmt: skip
 
+            # -- the operator's metrics ------------------------------------------------------------
+            text = scrape_metrics(http.server_address[1])
+            assert f'kafka_cleaner_operator_reconciliations_total{{namespace="{NS}",policy="{POLICY}"}}' in text
+            assert f'kafka_cleaner_operator_stale_brokers{{namespace="{NS}",policy="{POLICY}"}} 0.0' in text
+            assert "kafka_cleaner_operator_reconcile_duration_seconds_count" in text
+
+            # -- a sidecar change touches the template: another real rollout ----------------------
+            sidecar.stop()
+            new_port = free_port()
+            cluster.patch_spec(POLICY, {"sidecar": {"port": new_port}})
+            updated = wait_for(lambda: (t := cluster.sts()["spec"]["template"])["metadata"]["annotations"][
+                SIDECAR_HASH_ANNOTATION] != first_hash and t, timeout=TIMEOUT, what="the sidecar updated")  # fmt: skip
+            assert canonical(without_injection(updated)) == canonical(original["spec"]["template"])
+            wait_for(lambda: (p := _running_pod(plane, with_sidecar=True)) and find_sidecar(p["spec"])[1]["ports"][0][
+                "containerPort"] == new_port, timeout=TIMEOUT, what="broker-0 with the new port")  # fmt: skip
+
             # -- delete: a real rollout removes the sidecar, the ConfigMap goes -------------------
             plane.kubectl("delete", "-n", NS, "compactionpolicy", POLICY, "--wait=true", f"--timeout={int(TIMEOUT)}s")
-            assert sidecar.stop() == 0  # the controller's replacement of the pod: SIGTERM
             restored = _running_pod(plane, with_sidecar=False)
             assert SIDECAR_CONTAINER not in json.dumps(restored["spec"])
             assert json.dumps(cluster.sts()["spec"]["template"], sort_keys=True) == json.dumps(
                 original["spec"]["template"], sort_keys=True)  # fmt: skip
             assert cluster.configmap(CONFIGMAP) is None
     finally:
+        http.shutdown()
+        http.server_close()
         if sidecar is not None:
             sidecar.close()
     assert files_of(data) == data_before  # observe mode: the log dir untouched
     assert "Traceback" not in (tmp_path / "sidecar.log").read_text()
     events = {e[:2] for e in cluster.events()}
     assert all(kind for kind, _ in events), sorted(events)  # every Event names the kind of its object
-    assert {("CompactionPolicy", "SidecarInjected"), ("CompactionPolicy", "PolicyPublished"),
+    assert {("CompactionPolicy", "SidecarInjected"), ("StatefulSet", "SidecarInjected"),
+            ("CompactionPolicy", "SidecarUpdated"), ("CompactionPolicy", "PolicyPublished"),
             ("CompactionPolicy", "BrokersNotReporting"), ("CompactionPolicy", "DegradedCleared"),
-            ("CompactionPolicy", "SidecarRemoved")} <= events  # fmt: skip
+            ("CompactionPolicy", "SidecarRemoved"), ("StatefulSet", "SidecarRemoved")} <= events  # fmt: skip
 
 
 @pytest.mark.parametrize("as_the_chart", ["webhook"], indirect=True)

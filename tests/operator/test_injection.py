@@ -9,6 +9,7 @@ import pathlib
 import sys
 from typing import Any
 
+import jsonpatch
 import pytest
 from compaction_operator import injection
 from compaction_operator.injection import (
@@ -55,8 +56,13 @@ def sts(template: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": {"name": "kafka", "resourceVersion": "7"}, "spec": {"template": template}}
 
 
-def apply(template: dict[str, Any], patch: dict[str, Any] | None) -> dict[str, Any]:
+def apply(template: dict[str, Any], patch: dict[str, Any] | list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The template after ``patch``: a JSON patch (``template_patch``) applied by the
+    ``jsonpatch`` library, a strategic merge patch (``removal_patch``) by the emulator's
+    merge (tests/k8s/test_real_*.py apply both through a real API server)."""
     assert patch is not None
+    if isinstance(patch, list):
+        return jsonpatch.apply_patch(sts(template), patch)["spec"]["template"]
     return strategic_merge_patch(sts(template), patch)["spec"]["template"]
 
 
@@ -195,7 +201,7 @@ def test_injection_adds_only_the_sidecar_and_removal_undoes_it_exactly(native: b
     template = broker_template()
     sidecar = build_sidecar(make_policy(), image=IMAGE, native=native)
     patch = template_patch(template, sidecar, "7")
-    assert patch is not None and patch["metadata"] == {"resourceVersion": "7"}
+    assert patch is not None and patch[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "7"}
     # The patch names nothing of the broker's own.
     text = json.dumps(patch)
     assert "jmx-exporter" not in text and "apache/kafka" not in text and "init-config" not in text
@@ -235,8 +241,13 @@ def test_a_changed_sidecar_replaces_the_old_one_whole() -> None:
     injected = apply(template, template_patch(template, old))
     new = build_sidecar(make_policy(sidecar={"port": 9500}), image=IMAGE, native=True)
     patch = template_patch(injected, new)
-    assert patch is not None and patch["spec"]["template"]["spec"]["initContainers"][0]["$patch"] == "replace"
+    assert patch is not None
+    index = [c["name"] for c in injected["spec"]["initContainers"]].index(SIDECAR_CONTAINER)
+    path = f"/spec/template/spec/initContainers/{index}"
+    assert {"op": "test", "path": f"{path}/name", "value": SIDECAR_CONTAINER} in patch
+    assert {"op": "replace", "path": path, "value": new.container} in patch  # the entry whole, not the list
     updated = apply(injected, patch)
+    assert updated["spec"]["initContainers"][:index] == template["spec"]["initContainers"]
     sidecars = [c for c in updated["spec"]["initContainers"] if c["name"] == SIDECAR_CONTAINER]
     assert sidecars == [new.container]  # no lingering resources from the old one
     assert updated["spec"]["containers"] == template["spec"]["containers"]
