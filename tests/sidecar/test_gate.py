@@ -103,7 +103,9 @@ class ThrottledClock(MockTime):
 
 
 def _wait_for_a_clean_in_flight(data: Path) -> None:
-    deadline = time.monotonic() + 30
+    # The map pass before the first .cleaned file takes some 1000 throttle sleeps of 2 ms real
+    # time each: a few seconds alone, several times that on a loaded 2-core CI machine.
+    deadline = time.monotonic() + 120
     while not any(p.name.endswith(".cleaned") for p in data.glob("*/*")):
         assert time.monotonic() < deadline, "no clean started"
         time.sleep(0.001)
