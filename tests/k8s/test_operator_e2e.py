@@ -1,9 +1,9 @@
 """The operator end to end on the emulator (fakekube), for what the real control plane of
 test_real_*.py cannot show yet: a cluster older than Kubernetes 1.29 (the control plane is
-built at 1.34 only), the webhook's exact answers to AdmissionReviews the test sends (including
-the one that fails open when the handler raises), and the chart-rendered webhook
-configuration's path (its Service cannot point at loopback on a real API server). The
-StatefulSet lifecycle and the status flow run on the real control plane. Each test here ends by
+built at 1.34 only), the webhook's exact answers to AdmissionReviews the test sends, and the
+chart-rendered webhook configuration's path (its Service cannot point at loopback on a real
+API server). The StatefulSet lifecycle, the status flow, the webhook called by the API server
+and its failing open run on the real control plane. Each test here ends by
 checking every API call the operator made against the RBAC rules of the Helm chart.
 """
 
@@ -17,7 +17,6 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from compaction_operator import handlers
 from compaction_operator.handlers import WEBHOOK_ID
 from compaction_operator.injection import POLICY_ANNOTATION, SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION
 from fakekube import RunningFakeKube
@@ -122,38 +121,6 @@ def strimzi_pod(name: str, labels: dict[str, str]) -> dict[str, Any]:
             "spec": {"containers": [{"name": "kafka", "image": "quay.io/strimzi/kafka:0.45.0-kafka-3.9.0",
                                      "volumeMounts": [{"name": "data-0", "mountPath": "/var/lib/kafka/data-0"}]}],
                      "volumes": [{"name": "data-0", "persistentVolumeClaim": {"claimName": f"data-0-{name}"}}]}}
-
-
-def test_the_webhook_fails_open_when_its_handler_raises(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    """kopf answers ``allowed: false`` for a handler that raises (reproduced on a live
-    cluster: the operator had not learned the Kubernetes version): a broker that cannot
-    start. Now the pod is admitted unchanged, with a warning, and the policy gets a Warning
-    Event. The webhook's own step raises here, so the reconciliation goes on unharmed."""
-
-    def broken(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("the Kubernetes version is not known yet")
-
-    port = free_port()
-    with running_operator(webhook_enabled=True, webhook_insecure=True, webhook_addr="127.0.0.1", webhook_port=port,
-                          expected_warnings=("webhook failed open",)):
-        cluster.custom.create_namespaced_custom_object(G, V, NS, P, policy(
-            "strimzi", mode="observe", target={
-                "podSelector": {"matchLabels": {"strimzi.io/kind": "Kafka"}},
-                "dataVolume": "data-0", "mountPath": "/var/lib/kafka/data-0", "logDirs": ["kafka-log*"],
-                "injection": "webhook"}))
-        wait_for(lambda: cluster.configmap("strimzi-kafka-cleaner"), what="ConfigMap")
-        monkeypatch.setattr(handlers, "inject_into_pod", broken)
-        url = f"http://127.0.0.1:{port}/{WEBHOOK_ID}"
-        broker = strimzi_pod("my-cluster-broker-0", {"strimzi.io/kind": "Kafka"})
-        response = wait_for(lambda: (r := post_review(url, admission_review(broker))["response"]).get("warnings") and r,
-                            what="an answer with a warning")
-        assert response["allowed"] is True and "patch" not in response
-        assert any("not injected" in w and "Kubernetes version is not known" in w for w in response["warnings"])
-        wait_for(lambda: ("CompactionPolicy", "InjectionFailed") in [e[:2] for e in cluster.events()],
-                 what="an InjectionFailed Event on the policy")
-        monkeypatch.undo()
-        cluster.custom.delete_namespaced_custom_object(G, V, NS, P, "strimzi")
-        wait_for(lambda: cluster.policy("strimzi") is None, what="deleted")
 
 
 @pytest.mark.parametrize("managed", [False, True], ids=["chart-configuration", "kopf-managed-configuration"])

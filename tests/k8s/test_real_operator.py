@@ -21,7 +21,7 @@ from typing import Any
 import kubernetes
 import pytest
 import yaml
-from compaction_operator import metrics
+from compaction_operator import handlers, metrics
 from compaction_operator.injection import SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION, find_sidecar
 from control_plane import ControlPlane, available, missing_reason
 from fakekube import activated_kubeconfig
@@ -317,12 +317,14 @@ def test_the_real_sidecar_reports_through_the_operator_over_real_rollouts(
 
 @pytest.mark.parametrize("as_the_chart", ["webhook"], indirect=True)
 def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_creates(
-    as_the_chart: ControlPlane, tmp_path: pathlib.Path
+    as_the_chart: ControlPlane, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``injection: webhook``: kopf keeps the MutatingWebhookConfiguration (as the chart's
     ServiceAccount), the real API server calls kopf's server over TLS (a trustme certificate,
     caBundle from the operator) for the pod the StatefulSet controller creates, and the pod is
-    created with the sidecar while the StatefulSet's template stays as it was."""
+    created with the sidecar while the StatefulSet's template stays as it was. Then the webhook
+    fails open: with its handler raising, the API server still creates the pod (unchanged,
+    kubectl shows the warning) and the policy gets an InjectionFailed Event."""
     plane = as_the_chart
     serving = plane.ca.issue_cert("127.0.0.1")
     cert, key, ca = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
@@ -332,7 +334,8 @@ def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_create
     port = free_port()
     with running_operator(webhook_enabled=True, webhook_addr="127.0.0.1", webhook_port=port,
                           webhook_cert_file=str(cert), webhook_key_file=str(key), webhook_ca_file=str(ca),
-                          webhook_host="127.0.0.1", webhook_configuration=WEBHOOK):  # fmt: skip
+                          webhook_host="127.0.0.1", webhook_configuration=WEBHOOK,
+                          expected_warnings=("webhook failed open",)):  # fmt: skip
         target = {"podSelector": {"matchLabels": {"app": "wbroker"}}, "dataVolume": "data",
                   "mountPath": "/var/lib/kafka", "logDirs": ["kafka-log*"], "injection": "webhook"}  # fmt: skip
         manifest = policy("selected", target=target)
@@ -352,6 +355,26 @@ def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_create
         assert pod["metadata"]["annotations"]["kafkacleaner.io/policy"] == "selected"
         template = (_get(plane, "statefulset", "wbroker") or {})["spec"]["template"]
         assert find_sidecar(template["spec"]) is None
+
+        def broken(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("the Kubernetes version is not known yet")
+
+        monkeypatch.setattr(handlers, "inject_into_pod", broken)
+        bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "wbroker-bare", "namespace": NS,
+                                                                  "labels": {"app": "wbroker"}},
+                "spec": {"containers": [{"name": "kafka", "image": "apache/kafka:4.1.0",
+                                         "volumeMounts": [{"name": "data", "mountPath": "/var/lib/kafka"}]}],
+                         "volumes": [{"name": "data", "emptyDir": {}}]}}  # fmt: skip
+        path = plane.root / "bare.yaml"
+        path.write_text(yaml.safe_dump(bare))
+        created = plane.kubectl("create", "-f", str(path))
+        assert "not injected" in created.stderr and "Kubernetes version is not known" in created.stderr
+        assert find_sidecar((_get(plane, "pod", "wbroker-bare") or {})["spec"]) is None
+        cluster = ApiCluster(kubernetes.config.new_client_from_config(config_file=str(plane.kubeconfig)), NS)
+        wait_for(lambda: ("CompactionPolicy", "InjectionFailed") in [e[:2] for e in cluster.events()],
+                 timeout=TIMEOUT, what="an InjectionFailed Event on the policy")  # fmt: skip
+        monkeypatch.undo()
+        plane.kubectl("delete", "-n", NS, "pod", "wbroker-bare", "--wait=false")
         plane.kubectl("delete", "-n", NS, "statefulset", "wbroker", "--wait=true")
         plane.kubectl("delete", "-n", NS, "compactionpolicy", "selected", "--wait=true", f"--timeout={int(TIMEOUT)}s")
     # kopf leaves its configurations behind (and an empty validating one of the same name).
