@@ -30,7 +30,13 @@ log = logging.getLogger("kafka-cleaner-operator.leader")
 
 
 def _micro_time(ms: int) -> str:
+    """A Lease's MicroTime. Never on a whole second: the kubernetes client (37.x) parses the
+    body into its model and writes the time back with ``isoformat()``, which leaves out a zero
+    fraction, and the API server refuses a MicroTime without its six digits (400; shown on
+    the real control plane). One microsecond later is the same moment for a lease."""
     moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+    if moment.microsecond == 0:
+        moment += datetime.timedelta(microseconds=1)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from control_plane import ControlPlane, running
 from fakekube import FakeKube, RequestInfo, RunningFakeKube, running_fakekube
-from operator_helpers import Cluster
+from operator_helpers import Cluster, wait_for
 
 
 @pytest.fixture
@@ -56,6 +56,40 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         plane.kubectl("apply", "--server-side", "-f", str(crd))
         plane.kubectl("wait", "--for=condition=Established", "crd/compactionpolicies.kafkacleaner.io", "--timeout=60s")
         yield plane
+
+
+CHART_RELEASE, CHART_NAMESPACE = "kc", "cleaner-operator"
+CHART_ACCOUNT = "kc-kafka-cleaner-operator"  # the release's full name: ServiceAccount, Lease, ...
+
+
+@pytest.fixture
+def install_chart(control_plane: ControlPlane) -> Callable[..., pathlib.Path]:
+    """``install_chart("key=value", ...)``: ``helm upgrade --install`` of the chart with those
+    values on the real control plane; returns a kubeconfig holding a token of the chart's
+    ServiceAccount, issued by the API server (TokenRequest), so that whatever uses it is judged
+    by the chart's RBAC."""
+    plane = control_plane
+    helm = pathlib.Path(__file__).resolve().parents[2] / ".tools" / "bin" / "helm"
+    chart = pathlib.Path(__file__).resolve().parents[2] / "helm" / "kafka-cleaner-operator"
+    if not helm.exists():
+        pytest.skip(f"helm is not installed at {helm} (make setup installs it)")
+
+    def install(*values: str) -> pathlib.Path:
+        args = [str(helm), f"--kubeconfig={plane.kubeconfig}", "upgrade", "--install", CHART_RELEASE, str(chart),
+                "-n", CHART_NAMESPACE, "--create-namespace", "--wait", "--timeout=120s"]
+        args += [arg for value in values for arg in ("--set", value)]
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        # Right after the CRD is created the API server answers 429 "storage is (re)initializing"
+        # for a moment; kopf would log its retry as an error.
+        wait_for(lambda: plane.kubectl("get", "compactionpolicies", "-A", check=False).returncode == 0,
+                 timeout=90, what="the CompactionPolicy storage")
+        token = plane.kubectl("create", "token", CHART_ACCOUNT, "-n", CHART_NAMESPACE, "--duration=3600s").stdout
+        path = plane.root / "kubeconfig-chart"
+        path.write_text(yaml.safe_dump(plane.kubeconfig_for(token.strip())))
+        return path
+
+    return install
 
 
 @pytest.fixture

@@ -1,6 +1,8 @@
-"""``kafka-cleaner-operator`` as deployed: settings from the environment, two replicas electing a
-leader through a Lease (the follower serving the webhook), SIGTERM, and the Lease logic itself
-under a mock clock. Every call is checked against the chart's RBAC."""
+"""``kafka-cleaner-operator`` as deployed, on the real control plane: settings from the
+environment, two replicas electing a leader through a real Lease (the follower serving the
+webhook), SIGTERM, and the Lease logic itself under a mock clock. The replicas call the API
+server with a token of the chart's ServiceAccount (installed with leader election and the
+webhook), so the real RBAC authorizer judges every call."""
 
 from __future__ import annotations
 
@@ -23,14 +25,22 @@ import kubernetes
 import pytest
 from compaction_operator.kube import Kube
 from compaction_operator.leader import LeaseElector
-from fakekube import RunningFakeKube
+from conftest import CHART_ACCOUNT, CHART_NAMESPACE
+from control_plane import ControlPlane, available, missing_reason
 from kubernetes.client import CustomObjectsApi
 
 from cleaner.clock import MockTime
 
 G, V, P = "kafkacleaner.io", "v1alpha1", "compactionpolicies"
-NS = "default"
+NS = "elections"
+LEASE = CHART_ACCOUNT  # the chart's Lease name, the only one its Role lets the operator update
 OPERATOR = pathlib.Path(sys.executable).with_name("kafka-cleaner-operator")
+
+pytestmark = [
+    pytest.mark.skipif(not available(), reason=missing_reason()),
+    pytest.mark.skipif(not OPERATOR.exists(), reason=f"console script not installed at {OPERATOR}"),
+    pytest.mark.xdist_group("control-plane"),
+]
 
 
 def free_port() -> int:
@@ -60,14 +70,14 @@ def http_status(url: str) -> int:
 class Replica:
     """One ``kafka-cleaner-operator`` process."""
 
-    def __init__(self, name: str, kube: RunningFakeKube, log: pathlib.Path, *, webhook: bool = True) -> None:
+    def __init__(self, name: str, kubeconfig: pathlib.Path, log: pathlib.Path, *, webhook: bool = True) -> None:
         self.name, self.http_port, self.webhook_port = name, free_port(), free_port()
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin"), "PYTHONSAFEPATH": "1",
-            "KUBECONFIG": str(kube.kubeconfig), "POD_NAME": name, "POD_NAMESPACE": NS,
+            "KUBECONFIG": str(kubeconfig), "POD_NAME": name, "POD_NAMESPACE": CHART_NAMESPACE,
             "KAFKA_CLEANER_LOG_FORMAT": "plain", "KAFKA_CLEANER_SIDECAR_IMAGE": "registry.example/kc:main",
             "KAFKA_CLEANER_HTTP_ADDR": "127.0.0.1", "KAFKA_CLEANER_HTTP_PORT": str(self.http_port),
-            "KAFKA_CLEANER_LEADER_ELECTION": "true", "KAFKA_CLEANER_LEASE_NAME": "kco-kafka-cleaner-operator",
+            "KAFKA_CLEANER_LEADER_ELECTION": "true", "KAFKA_CLEANER_LEASE_NAME": LEASE,
             "KAFKA_CLEANER_LEASE_DURATION_SECONDS": "4", "KAFKA_CLEANER_LEASE_RENEW_DEADLINE_SECONDS": "3",
             "KAFKA_CLEANER_LEASE_RETRY_PERIOD_SECONDS": "0.5",
             "KAFKA_CLEANER_WEBHOOK_ENABLED": str(webhook).lower(), "KAFKA_CLEANER_WEBHOOK_INSECURE": "true",
@@ -98,11 +108,11 @@ class Replica:
 
 
 @contextlib.contextmanager
-def replicas(kube: RunningFakeKube, tmp_path: pathlib.Path, *names: str) -> Iterator[list[Replica]]:
+def replicas(kubeconfig: pathlib.Path, tmp_path: pathlib.Path, *names: str) -> Iterator[list[Replica]]:
     started: list[Replica] = []
     try:
         for name in names:
-            started.append(Replica(name, kube, tmp_path / f"{name}.log"))
+            started.append(Replica(name, kubeconfig, tmp_path / f"{name}.log"))
         yield started
     finally:
         for replica in started:
@@ -111,14 +121,34 @@ def replicas(kube: RunningFakeKube, tmp_path: pathlib.Path, *names: str) -> Iter
                 replica.process.wait(10)
 
 
-def lease_holder(kube: RunningFakeKube) -> str | None:
-    lease = kube.server.read("coordination.k8s.io/v1", "leases", "kco-kafka-cleaner-operator", NS)
+def _get(plane: ControlPlane, *what: str) -> dict[str, Any] | None:
+    proc = plane.kubectl("get", *what, "-o", "json", check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def lease_holder(plane: ControlPlane) -> str | None:
+    lease = _get(plane, "lease", LEASE, "-n", CHART_NAMESPACE)
     return (lease or {}).get("spec", {}).get("holderIdentity")
 
 
-def ready_condition(kube: RunningFakeKube, name: str) -> dict[str, Any]:
-    obj = kube.server.read(f"{G}/{V}", P, name, NS) or {}
+def ready_condition(plane: ControlPlane, name: str) -> dict[str, Any]:
+    obj = _get(plane, "compactionpolicy", name, "-n", NS) or {}
     return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == "Ready"), {})
+
+
+@pytest.fixture
+def elections(control_plane: ControlPlane, install_chart: Callable[..., pathlib.Path]) -> Iterator[pathlib.Path]:
+    """The chart with leader election and the webhook, a clean namespace and no Lease; yields
+    the chart's ServiceAccount kubeconfig."""
+    kubeconfig = install_chart("leaderElection.enabled=true,webhook.enabled=true")
+    control_plane.kubectl("create", "namespace", NS, check=False)
+    yield kubeconfig
+    control_plane.kubectl("delete", "compactionpolicies", "--all", "-n", NS, "--wait=false", check=False)
+    control_plane.kubectl("delete", "lease", LEASE, "-n", CHART_NAMESPACE, "--ignore-not-found")
+
+
+def admin_client(plane: ControlPlane) -> kubernetes.client.ApiClient:
+    return kubernetes.config.new_client_from_config(config_file=str(plane.kubeconfig))
 
 
 def review(port: int) -> dict[str, Any]:
@@ -134,82 +164,83 @@ def review(port: int) -> dict[str, Any]:
         return json.loads(response.read())["response"]
 
 
-@pytest.mark.skipif(not OPERATOR.exists(), reason=f"console script not installed at {OPERATOR}")
-def test_two_replicas_elect_a_leader_and_hand_over(fakekube: RunningFakeKube, kube_client: kubernetes.client.ApiClient,
-                                                  compactionpolicy_crd: dict[str, Any], tmp_path: pathlib.Path,
-                                                  assert_rbac_allows: Callable[..., None]) -> None:
-    custom = CustomObjectsApi(kube_client)
+def test_two_replicas_elect_a_leader_and_hand_over(
+    control_plane: ControlPlane, elections: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    plane = control_plane
+    custom = CustomObjectsApi(admin_client(plane))
     webhook_target = {"podSelector": {"matchLabels": {"app": "b"}}, "dataVolume": "data", "mountPath": "/d",
                       "logDirs": ["."]}
     custom.create_namespaced_custom_object(G, V, NS, P, {
         "apiVersion": f"{G}/{V}", "kind": "CompactionPolicy", "metadata": {"name": "by-webhook"},
         "spec": {"target": webhook_target, "reporting": {"intervalSeconds": 1}}})
-    with replicas(fakekube, tmp_path, "op-a") as [a]:
-        wait_for(lambda: lease_holder(fakekube) == "op-a", what="op-a leads")
-        with replicas(fakekube, tmp_path, "op-b") as [b]:
+    with replicas(elections, tmp_path, "op-a") as [a]:
+        wait_for(lambda: lease_holder(plane) == "op-a", what="op-a leads")
+        with replicas(elections, tmp_path, "op-b") as [b]:
             # Both are ready (rollouts proceed); only the leader reconciles; both answer the webhook.
             wait_for(lambda: a.ready() and b.ready(), what="both ready")
             wait_for(lambda: a.metric("kafka_cleaner_operator_leader") == 1.0, what="op-a's leader gauge")
             assert b.metric("kafka_cleaner_operator_leader") == 0.0
-            wait_for(lambda: ready_condition(fakekube, "by-webhook").get("reason") == "NoPods", what="reconciled")
+            wait_for(lambda: ready_condition(plane, "by-webhook").get("reason") == "NoPods", what="reconciled")
             for replica in (a, b):
                 answer = wait_for(lambda r=replica: review(r.webhook_port).get("patch"), what=f"{replica.name} hook")
                 assert answer
 
             custom.create_namespaced_custom_object(G, V, NS, P, {
                 "apiVersion": f"{G}/{V}", "kind": "CompactionPolicy", "metadata": {"name": "first"}, "spec": {}})
-            wait_for(lambda: ready_condition(fakekube, "first").get("reason") == "NoTarget", what="first Ready")
+            wait_for(lambda: ready_condition(plane, "first").get("reason") == "NoTarget", what="first Ready")
             assert "Leading as op-a" in a.log.read_text() and "Leading as" not in b.log.read_text()
 
             # The leader stops: it gives the Lease up, and the follower takes over at once.
             assert a.stop() == 0
-            wait_for(lambda: lease_holder(fakekube) == "op-b", what="op-b leads")
+            wait_for(lambda: lease_holder(plane) == "op-b", what="op-b leads")
             custom.create_namespaced_custom_object(G, V, NS, P, {
                 "apiVersion": f"{G}/{V}", "kind": "CompactionPolicy", "metadata": {"name": "second"}, "spec": {}})
-            wait_for(lambda: ready_condition(fakekube, "second").get("reason") == "NoTarget", what="second Ready")
+            wait_for(lambda: ready_condition(plane, "second").get("reason") == "NoTarget", what="second Ready")
             assert b.stop() == 0
-    assert lease_holder(fakekube) is None  # released
+    assert lease_holder(plane) is None  # released
     for log in tmp_path.glob("*.log"):
-        assert "Traceback" not in log.read_text(), log.read_text()
-    assert_rbac_allows(fakekube, {"leaderElection": {"enabled": True}, "webhook": {"enabled": True},
-                                  "replicaCount": 2})
+        text = log.read_text()
+        assert "Traceback" not in text and "Forbidden" not in text and " 403" not in text, text
 
 
-@pytest.mark.skipif(not OPERATOR.exists(), reason=f"console script not installed at {OPERATOR}")
 def test_a_waiting_candidate_is_ready_reconciles_nothing_and_stops(
-        fakekube: RunningFakeKube, kube_client: kubernetes.client.ApiClient, compactionpolicy_crd: dict[str, Any],
-        tmp_path: pathlib.Path, assert_rbac_allows: Callable[..., None]) -> None:
-    kubernetes.client.CoordinationV1Api(kube_client).create_namespaced_lease(NS, {
-        "metadata": {"name": "kco-kafka-cleaner-operator"},
-        "spec": {"holderIdentity": "elsewhere", "leaseDurationSeconds": 3600,
-                 "renewTime": "2030-01-01T00:00:00.000000Z"}})
-    CustomObjectsApi(kube_client).create_namespaced_custom_object(G, V, NS, P, {
+    control_plane: ControlPlane, elections: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    plane = control_plane
+    client = admin_client(plane)
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": LEASE, "namespace": CHART_NAMESPACE},
+             "spec": {"holderIdentity": "elsewhere", "leaseDurationSeconds": 3600,
+                      "renewTime": "2030-01-01T00:00:00.000000Z"}}  # fmt: skip
+    (tmp_path / "lease.json").write_text(json.dumps(lease))  # kubectl: the client would reformat the MicroTime
+    plane.kubectl("create", "-f", str(tmp_path / "lease.json"))
+    CustomObjectsApi(client).create_namespaced_custom_object(G, V, NS, P, {
         "apiVersion": f"{G}/{V}", "kind": "CompactionPolicy", "metadata": {"name": "waiting"}, "spec": {}})
-    candidate = Replica("op-c", fakekube, tmp_path / "op-c.log", webhook=False)
+    candidate = Replica("op-c", elections, tmp_path / "op-c.log", webhook=False)
     try:
         wait_for(candidate.ready, what="ready while waiting")
-        time.sleep(1.0)
+        wait_for(lambda: candidate.metric("kafka_cleaner_operator_leader") == 0.0, what="a follower's leader gauge")
         assert candidate.stop() == 0
     finally:
         if candidate.process.poll() is None:
             candidate.process.kill()
-    assert lease_holder(fakekube) == "elsewhere"
-    assert ready_condition(fakekube, "waiting") == {}  # never reconciled
+    assert lease_holder(plane) == "elsewhere"
+    assert ready_condition(plane, "waiting") == {}  # never reconciled
     assert "Traceback" not in candidate.log.read_text()
-    assert_rbac_allows(fakekube, {"leaderElection": {"enabled": True}})
 
 
 # -------------------------------------------------------------------------------------------
-# The Lease logic, against fakekube, with a mock clock
+# The Lease logic, against the real API server, with a mock clock
 # -------------------------------------------------------------------------------------------
 
 
-def test_lease_election_rules(fakekube: RunningFakeKube, assert_rbac_allows: Callable[..., None]) -> None:
+def test_lease_election_rules(control_plane: ControlPlane, elections: pathlib.Path) -> None:
     time_ = MockTime()
-    kube = Kube(fakekube.api_client("fakekube"))
+    kube = Kube(kubernetes.config.new_client_from_config(config_file=str(elections)))  # as the chart's account
 
     def elector(identity: str) -> LeaseElector:
-        return LeaseElector(kube, namespace=NS, name="kco-kafka-cleaner-operator", identity=identity,
+        return LeaseElector(kube, namespace=CHART_NAMESPACE, name=LEASE, identity=identity,
                             lease_duration=15, renew_deadline=10, retry_period=2, time=time_)
 
     a, b = elector("a"), elector("b")
@@ -220,7 +251,7 @@ def test_lease_election_rules(fakekube: RunningFakeKube, assert_rbac_allows: Cal
     assert b.try_acquire_or_renew() is False  # it saw the renewal: not expired
     time_.advance(16_000)  # a stops renewing
     assert b.try_acquire_or_renew() is True  # taken over
-    lease = fakekube.server.read("coordination.k8s.io/v1", "leases", "kco-kafka-cleaner-operator", NS)
+    lease = _get(control_plane, "lease", LEASE, "-n", CHART_NAMESPACE)
     assert lease is not None
     assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
     assert a.try_acquire_or_renew() is False  # a lost it
@@ -229,9 +260,8 @@ def test_lease_election_rules(fakekube: RunningFakeKube, assert_rbac_allows: Cal
 
     # keep_leading: renewals that fail past the deadline call on_lost.
     stop, lost = threading.Event(), threading.Event()
-    c = LeaseElector(kube, namespace=NS, name="kco-kafka-cleaner-operator", identity="c", lease_duration=0.6,
+    c = LeaseElector(kube, namespace=CHART_NAMESPACE, name=LEASE, identity="c", lease_duration=0.6,
                      renew_deadline=0.4, retry_period=0.1)
     thread = c.keep_leading(stop, lost.set)  # c does not hold it: the first renewal fails
     assert lost.wait(5)
     thread.join(5)
-    assert_rbac_allows(fakekube, {"leaderElection": {"enabled": True}})

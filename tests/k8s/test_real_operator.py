@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import kubernetes
@@ -40,16 +39,11 @@ from operator_helpers import (
 from cleaner.config import load_policy, parse_policy
 from cleaner.generate import GeneratorConfig, generate
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-HELM = REPO / ".tools" / "bin" / "helm"
-CHART = REPO / "helm" / "kafka-cleaner-operator"
-NS, RELEASE_NS = "brokers", "cleaner-operator"
-ACCOUNT = "kc-kafka-cleaner-operator"
+NS = "brokers"
 TIMEOUT = 90.0
 
 pytestmark = [
     pytest.mark.skipif(not available(), reason=missing_reason()),
-    pytest.mark.skipif(not HELM.exists(), reason=f"helm is not installed at {HELM} (make setup installs it)"),
     pytest.mark.xdist_group("control-plane"),
 ]
 
@@ -58,26 +52,17 @@ WEBHOOK = "kc-tests.kafkacleaner.io"
 
 
 @pytest.fixture(params=["plain", "webhook"])
-def as_the_chart(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+def as_the_chart(
+    control_plane: ControlPlane, install_chart: Callable[..., pathlib.Path], request: pytest.FixtureRequest
+) -> Iterator[ControlPlane]:
     """The chart installed (its RBAC and ServiceAccount; with the webhook, the rights kopf needs
     to keep its MutatingWebhookConfiguration), and this process's kubeconfig readers pointed
     at the API server with a token of that ServiceAccount."""
-    plane = control_plane
-    values = ["--set", f"webhook.enabled=true,webhook.manageConfiguration=true,webhook.configurationName={WEBHOOK}"]
-    helm = [str(HELM), f"--kubeconfig={plane.kubeconfig}", "upgrade", "--install", "kc", str(CHART), "-n", RELEASE_NS]
-    helm += ["--create-namespace", *(values if request.param == "webhook" else []), "--wait", "--timeout=120s"]
-    proc = subprocess.run(helm, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    plane.kubectl("create", "namespace", NS, check=False)
-    # Right after the CRD is created the API server answers 429 "storage is (re)initializing"
-    # for a moment; kopf would log its retry as an error.
-    wait_for(lambda: plane.kubectl("get", "compactionpolicies", "-A", check=False).returncode == 0,
-             timeout=TIMEOUT, what="the CompactionPolicy storage")
-    token = plane.kubectl("create", "token", ACCOUNT, "-n", RELEASE_NS, "--duration=3600s").stdout.strip()
-    path = plane.root / "kubeconfig-operator"
-    path.write_text(yaml.safe_dump(plane.kubeconfig_for(token)))
-    with activated_kubeconfig(path):
-        yield plane
+    webhook = f"webhook.enabled=true,webhook.manageConfiguration=true,webhook.configurationName={WEBHOOK}"
+    kubeconfig = install_chart(*([webhook] if request.param == "webhook" else []))
+    control_plane.kubectl("create", "namespace", NS, check=False)
+    with activated_kubeconfig(kubeconfig):
+        yield control_plane
 
 
 def _get(plane: ControlPlane, *what: str) -> dict[str, Any] | None:
