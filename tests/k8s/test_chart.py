@@ -335,8 +335,13 @@ def test_the_webhook_configuration_reaches_the_handler(helm_template: Render) ->
     assert {"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"} in service["spec"]["ports"]
     assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 5
     assert hook["rules"][0]["operations"] == ["CREATE"] and hook["rules"][0]["resources"] == ["pods"]
-    assert hook["objectSelector"] == {"matchExpressions": [{"key": "strimzi.io/kind", "operator": "In",
-                                                            "values": ["Kafka"]}]}
+    # Helm merges maps: the default opt-in label stays unless set to null.
+    assert hook["objectSelector"] == {"matchExpressions": [
+        {"key": "kafkacleaner.io/inject", "operator": "In", "values": ["enabled"]},
+        {"key": "strimzi.io/kind", "operator": "In", "values": ["Kafka"]}]}
+    [default] = by_kind(helm_template({"webhook": {"enabled": True}}), "MutatingWebhookConfiguration")
+    assert default["webhooks"][0]["objectSelector"] == {"matchExpressions": [
+        {"key": "kafkacleaner.io/inject", "operator": "In", "values": ["enabled"]}]}  # opt-in by default
     assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == ["kafka"]
     [secret] = by_kind(objects, "Secret")
     assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]

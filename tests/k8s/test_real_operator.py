@@ -320,6 +320,7 @@ def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_create
     with running_operator(webhook_enabled=True, webhook_addr="127.0.0.1", webhook_port=port,
                           webhook_cert_file=str(cert), webhook_key_file=str(key), webhook_ca_file=str(ca),
                           webhook_host="127.0.0.1", webhook_configuration=WEBHOOK,
+                          webhook_object_selector=(("kafkacleaner.io/inject", "enabled"),),
                           expected_warnings=("webhook failed open",)):  # fmt: skip
         target = {"podSelector": {"matchLabels": {"app": "wbroker"}}, "dataVolume": "data",
                   "mountPath": "/var/lib/kafka", "logDirs": ["kafka-log*"], "injection": "webhook"}  # fmt: skip
@@ -331,8 +332,9 @@ def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_create
                  what="the webhook configuration and the policy's ConfigMap")  # fmt: skip
         broker = _broker()
         broker["metadata"]["name"] = "wbroker"
-        labels = {"app": "wbroker"}
-        broker["spec"]["selector"]["matchLabels"] = broker["spec"]["template"]["metadata"]["labels"] = labels
+        broker["spec"]["selector"]["matchLabels"] = {"app": "wbroker"}
+        # Opt-in: only pods with the chart's default label go through the webhook at all.
+        broker["spec"]["template"]["metadata"]["labels"] = {"app": "wbroker", "kafkacleaner.io/inject": "enabled"}
         _apply(plane, broker)
         pod = wait_for(lambda: _get(plane, "pod", "wbroker-0"), timeout=TIMEOUT, what="wbroker-0")
         found = find_sidecar(pod["spec"])
@@ -345,8 +347,8 @@ def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_create
             raise RuntimeError("the Kubernetes version is not known yet")
 
         monkeypatch.setattr(handlers, "inject_into_pod", broken)
-        bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "wbroker-bare", "namespace": NS,
-                                                                  "labels": {"app": "wbroker"}},
+        bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "wbroker-bare", "namespace": NS, "labels": {
+                    "app": "wbroker", "kafkacleaner.io/inject": "enabled"}},
                 "spec": {"containers": [{"name": "kafka", "image": "apache/kafka:4.1.0",
                                          "volumeMounts": [{"name": "data", "mountPath": "/var/lib/kafka"}]}],
                          "volumes": [{"name": "data", "emptyDir": {}}]}}  # fmt: skip
@@ -360,6 +362,12 @@ def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_create
                  timeout=TIMEOUT, what="an InjectionFailed Event on the policy")  # fmt: skip
         monkeypatch.undo()
         plane.kubectl("delete", "-n", NS, "pod", "wbroker-bare", "--wait=false")
+        # A pod the policy selects but without the opt-in label is never sent to the webhook.
+        bare["metadata"] = {"name": "wbroker-unlabelled", "namespace": NS, "labels": {"app": "wbroker"}}
+        path.write_text(yaml.safe_dump(bare))
+        plane.kubectl("create", "-f", str(path))
+        assert find_sidecar((_get(plane, "pod", "wbroker-unlabelled") or {})["spec"]) is None
+        plane.kubectl("delete", "-n", NS, "pod", "wbroker-unlabelled", "--wait=false")
         plane.kubectl("delete", "-n", NS, "statefulset", "wbroker", "--wait=true")
         plane.kubectl("delete", "-n", NS, "compactionpolicy", "selected", "--wait=true", f"--timeout={int(TIMEOUT)}s")
     # kopf leaves its configurations behind (and an empty validating one of the same name).
