@@ -339,7 +339,7 @@ def has_data_volume(pod_spec: Mapping[str, Any], volume: str,
 
 
 # --------------------------------------------------------------------------------------------
-# Patches of a StatefulSet's pod template (strategic merge patch)
+# Patches of a StatefulSet's pod template (JSON patches)
 # --------------------------------------------------------------------------------------------
 
 
@@ -412,40 +412,29 @@ def _remove_entry(base: str, list_name: str, items: list[Mapping[str, Any]], nam
     return [test, {"op": "remove", "path": path}]
 
 
-def _delete_from(spec: Mapping[str, Any], list_name: str, name: str = SIDECAR_CONTAINER) -> Any:
-    """The SMP value removing entry ``name`` from ``spec[list_name]``: a ``$patch: delete``
-    directive, or null when it is the only entry (so an emptied list disappears, as it would
-    have been absent before the injection)."""
-    items = spec.get(list_name) or []
-    if all(item.get("name") == name for item in items):
-        return None
-    return [{"name": name, "$patch": "delete"}]
-
-
-def removal_patch(template: Mapping[str, Any], resource_version: str | None = None) -> dict[str, Any] | None:
-    """The strategic-merge patch that removes exactly what :func:`template_patch` added (the
-    sidecar from either list, the policy volume, the two annotations), or None if none is there."""
+def removal_patch(template: Mapping[str, Any], resource_version: str | None = None) -> list[dict[str, Any]] | None:
+    """The JSON patch that removes exactly what :func:`template_patch` added (the sidecar from
+    either list, the policy volume, the two annotations), or None if none is there. A list or
+    the annotations left empty go whole, as they were absent before the injection."""
     meta, spec = template.get("metadata") or {}, template.get("spec") or {}
-    pod_spec: dict[str, Any] = {}
-    for list_name in ("initContainers", "containers"):
-        if _named(spec.get(list_name), SIDECAR_CONTAINER) is not None:
-            pod_spec[list_name] = _delete_from(spec, list_name)
-    if _named(spec.get("volumes"), POLICY_VOLUME) is not None:
-        pod_spec["volumes"] = _delete_from(spec, "volumes", POLICY_VOLUME)
+    base = "/spec/template/spec"
+    ops: list[dict[str, Any]] = []
+    for list_name, name in (("initContainers", SIDECAR_CONTAINER), ("containers", SIDECAR_CONTAINER),
+                            ("volumes", POLICY_VOLUME)):
+        items = list(spec.get(list_name) or [])
+        if _named(items, name) is not None:
+            ops += _remove_entry(base, list_name, items, name)
     annotations = meta.get("annotations") or {}
     ours = [key for key in (SIDECAR_HASH_ANNOTATION, POLICY_ANNOTATION) if key in annotations]
-    if not pod_spec and not ours:
+    if set(annotations) and set(annotations) <= set(ours):
+        ops.append({"op": "remove", "path": "/spec/template/metadata/annotations"})
+    else:
+        ops += [{"op": "remove", "path": f"/spec/template/metadata/annotations/{_pointer(key)}"} for key in ours]
+    if not ops:
         return None
-    template_patch_: dict[str, Any] = {}
-    if ours:
-        only_ours = set(annotations) <= {SIDECAR_HASH_ANNOTATION, POLICY_ANNOTATION}
-        template_patch_["metadata"] = {"annotations": None if only_ours else dict.fromkeys(ours)}
-    if pod_spec:
-        template_patch_["spec"] = pod_spec
-    patch: dict[str, Any] = {"spec": {"template": template_patch_}}
     if resource_version is not None:
-        patch["metadata"] = {"resourceVersion": resource_version}
-    return patch
+        ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version})
+    return ops
 
 
 # --------------------------------------------------------------------------------------------

@@ -103,16 +103,11 @@ class Kube:
                                                                _request_timeout=TIMEOUT))
         return [{"apiVersion": "apps/v1", "kind": "StatefulSet", **item} for item in listing.get("items") or []]
 
-    def patch_statefulset(self, namespace: str, name: str,
-                          patch: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """A JSON patch (a list of operations) or a strategic merge patch (an object)."""
-        if isinstance(patch, Mapping):
-            body: Any = dict(patch)
-            content_type = "application/strategic-merge-patch+json"
-        else:
-            body, content_type = [dict(op) for op in patch], "application/json-patch+json"
+    def patch_statefulset(self, namespace: str, name: str, patch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """A JSON patch (RFC 6902; ``injection.template_patch`` and ``removal_patch``)."""
         return _json(self.apps.patch_namespaced_stateful_set(
-            name, namespace, body, _preload_content=False, _request_timeout=TIMEOUT, _content_type=content_type))
+            name, namespace, [dict(op) for op in patch], _preload_content=False, _request_timeout=TIMEOUT,
+            _content_type="application/json-patch+json"))
 
     # -- ConfigMaps ------------------------------------------------------------------------
 

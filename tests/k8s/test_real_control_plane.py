@@ -110,13 +110,13 @@ def test_helm_installs_upgrades_and_uninstalls_the_chart_and_its_rbac_is_what_th
     """The real helm against the real API server (releases stored as Secrets, which the
     emulator refused); then the chart's ServiceAccount, impersonated, asked by the real RBAC
     authorizer: what the operator calls is allowed, what it must never have is not."""
-    ns = "cleaner-system"
-    _helm(plane, "install", "kc", str(CHART), "-n", ns, "--create-namespace", "--wait", "--timeout=120s")
+    ns = "cleaner-system"  # a release of its own: the other tests keep theirs installed
+    _helm(plane, "install", "life", str(CHART), "-n", ns, "--create-namespace", "--wait", "--timeout=120s")
     deployment = json.loads(
-        plane.kubectl("get", "deployment", "-n", ns, "kc-kafka-cleaner-operator", "-o", "json").stdout
+        plane.kubectl("get", "deployment", "-n", ns, "life-kafka-cleaner-operator", "-o", "json").stdout
     )
     assert deployment["status"].get("readyReplicas") == 1  # the operator's pod, Ready on a kwok node
-    account = f"system:serviceaccount:{ns}:kc-kafka-cleaner-operator"
+    account = f"system:serviceaccount:{ns}:life-kafka-cleaner-operator"
 
     def can(verb: str, resource: str, namespace: str = "kafka") -> bool:
         proc = plane.kubectl("auth", "can-i", verb, resource, "-n", namespace, f"--as={account}", check=False)
@@ -141,17 +141,17 @@ def test_helm_installs_upgrades_and_uninstalls_the_chart_and_its_rbac_is_what_th
     ]:
         assert not can(verb, resource), f"the operator may {verb} {resource}"
 
-    _helm(plane, "upgrade", "kc", str(CHART), "-n", ns, "--set", "logLevel=DEBUG", "--wait", "--timeout=120s")
-    env = json.loads(plane.kubectl("get", "deployment", "-n", ns, "kc-kafka-cleaner-operator", "-o", "json").stdout)
+    _helm(plane, "upgrade", "life", str(CHART), "-n", ns, "--set", "logLevel=DEBUG", "--wait", "--timeout=120s")
+    env = json.loads(plane.kubectl("get", "deployment", "-n", ns, "life-kafka-cleaner-operator", "-o", "json").stdout)
     container = env["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "KAFKA_CLEANER_LOG_LEVEL", "value": "DEBUG"} in container["env"]
-    _helm(plane, "uninstall", "kc", "-n", ns, "--wait", "--timeout=120s")
+    _helm(plane, "uninstall", "life", "-n", ns, "--wait", "--timeout=120s")
     left = plane.kubectl(
         "get",
         "deployment,serviceaccount,clusterrole,clusterrolebinding",
         "-A",
         "-l",
-        "app.kubernetes.io/instance=kc",
+        "app.kubernetes.io/instance=life",
         "-o",
         "name",
     ).stdout
