@@ -45,6 +45,15 @@ def _timed_clean(log_dir: Path, policy: Path) -> float:
     return time.monotonic() - started
 
 
+def _until_a_clean_writes(log_dir: Path, cleaner: subprocess.Popen[bytes]) -> None:
+    """Until a ``.cleaned`` (or ``.swap``) file of the topic exists, or the cleaner has exited."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and cleaner.poll() is None:
+        if any(p.name.endswith((".cleaned", ".swap")) for p in log_dir.glob(f"{TOPIC}-*/*")):
+            return
+        time.sleep(0.002)
+
+
 def _state(log_dir: Path) -> str:
     leftovers = [p.name for p in log_dir.glob(f"{TOPIC}-*/*") if p.name.endswith((".cleaned", ".swap", ".deleted"))]
     cleaned = OffsetCheckpointFile(log_dir / CLEANER_OFFSET_CHECKPOINT).read()
@@ -82,7 +91,11 @@ def test_a_broker_starts_on_whatever_a_killed_clean_left(tmp_path: Path, line: s
         shutil.rmtree(broker.log_dir)
         shutil.copytree(pristine, broker.log_dir)
         cleaner = _clean_process(broker.log_dir, policy)
-        time.sleep(rng.uniform(start_up * 0.8, whole))
+        if kill % 2:  # at a random time of the whole clean
+            time.sleep(rng.uniform(start_up * 0.8, whole))
+        else:  # once its files are on disk: a kill that lands mid-clean on a machine of any speed
+            _until_a_clean_writes(broker.log_dir, cleaner)
+            time.sleep(rng.uniform(0, whole / 4))
         cleaner.send_signal(signal.SIGKILL)
         cleaner.wait(30)
         state = _state(broker.log_dir)
