@@ -62,7 +62,11 @@ def _session(master: str | None) -> Any:
     try:
         from .session import spark_session
     except ImportError:  # pragma: no cover - pyspark is an extra
-        click.echo("kafka-cleaner: the spark commands need pyspark: pip install '.[spark]' in this repository (make setup does)", err=True)
+        click.echo(
+            "kafka-cleaner: the spark commands need pyspark: pip install '.[spark]' in this repository "
+            "(make setup does)",
+            err=True,
+        )
         sys.exit(EXIT_USAGE)
     return spark_session(master)
 
