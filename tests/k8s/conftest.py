@@ -1,10 +1,8 @@
-"""Fixtures for tests that need a Kubernetes API server: fakekube, served in-process.
-
-``fakekube`` yields a ``RunningFakeKube`` (``.server`` is the FakeKube with its request log and
-stored objects, ``.url``, ``.kubeconfig``) and points this process's kubeconfig readers at it, so
-kopf run by ``kopf.testing.KopfRunner`` and ``kubernetes.client.*Api()`` reach it, calling as the
-user ``fakekube``. ``kube_client`` is an ApiClient calling as ``test`` instead, so the test's own
-calls can be told apart from the operator's in the request log.
+"""Fixtures of the Kubernetes tests: the real control plane (``control_plane.py``), once per
+session, with the CRD installed; the chart installed on it with a token of its ServiceAccount
+(``install_chart``); the chart rendered by the real helm (``helm_template``); and the rules
+the rendered chart binds to the operator's ServiceAccount (``rbac``), for the static checks of
+test_chart.py (the real authorizer judges the calls in the end-to-end tests).
 """
 
 from __future__ import annotations
@@ -13,38 +11,16 @@ import copy
 import dataclasses
 import json
 import pathlib
-import re
 import subprocess
 import tempfile
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import kubernetes
 import pytest
 import yaml
-from control_plane import ControlPlane, running
-from fakekube import FakeKube, RequestInfo, RunningFakeKube, running_fakekube
-from operator_helpers import Cluster, wait_for
-
-
-@pytest.fixture
-def fakekube_version() -> str:
-    """The version ``GET /version`` reports; override it per test with
-    ``@pytest.mark.parametrize("fakekube_version", ["v1.28.9"])``."""
-    return "v1.33.0"
-
-
-@pytest.fixture
-def fakekube(fakekube_version: str, tmp_path: pathlib.Path) -> Iterator[RunningFakeKube]:
-    """A fresh emulator on a free loopback port, active as this process's cluster.
-
-    Bookmarks come every second (instead of the real server's minute), so watch code paths that
-    depend on them run within a test's time.
-    """
-    server = FakeKube(version=fakekube_version, bookmark_interval=1.0)
-    with running_fakekube(server, kubeconfig=tmp_path / "kubeconfig") as kube:
-        yield kube
+from control_plane import CHART_ACCOUNT, CHART_NAMESPACE, CHART_RELEASE, ControlPlane, running
+from operator_helpers import wait_for
 
 
 @pytest.fixture(scope="session")
@@ -58,8 +34,6 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         yield plane
 
 
-CHART_RELEASE, CHART_NAMESPACE = "kc", "cleaner-operator"
-CHART_ACCOUNT = "kc-kafka-cleaner-operator"  # the release's full name: ServiceAccount, Lease, ...
 
 
 @pytest.fixture
@@ -92,46 +66,15 @@ def install_chart(control_plane: ControlPlane) -> Callable[..., pathlib.Path]:
     return install
 
 
-@pytest.fixture
-def kube_client(fakekube: RunningFakeKube) -> Iterator[kubernetes.client.ApiClient]:
-    """A kubernetes ApiClient calling the emulator as the user ``test``."""
-    with fakekube.api_client("test") as client:
-        yield client
-
-
-# ---------------------------------------------------------------------------------------------
-# The operator's fixtures
-# ---------------------------------------------------------------------------------------------
-
 REPO = pathlib.Path(__file__).resolve().parents[2]
-CRD_PATH = REPO / "crds" / "compactionpolicy.yaml"
-
-
-@pytest.fixture
-def compactionpolicy_crd(fakekube: RunningFakeKube, kube_client: kubernetes.client.ApiClient) -> dict[str, Any]:
-    """crds/compactionpolicy.yaml, registered in the emulator (returns the CRD)."""
-    crd = yaml.safe_load(CRD_PATH.read_text())
-    kubernetes.client.ApiextensionsV1Api(kube_client).create_custom_resource_definition(crd)
-    return crd
-
-
-@pytest.fixture
-def cluster(fakekube: RunningFakeKube, kube_client: kubernetes.client.ApiClient,
-            compactionpolicy_crd: dict[str, Any]) -> Cluster:
-    """The test's view of the emulator with the CRD registered (calls as the user ``test``)."""
-    return Cluster(fakekube, kube_client)
 
 
 # ---------------------------------------------------------------------------------------------
-# RBAC: the chart's rules against the calls an operator made
+# RBAC: the rules the chart binds to the operator
 # ---------------------------------------------------------------------------------------------
 
 CHART = REPO / "helm" / "kafka-cleaner-operator"
 HELM = REPO / ".tools" / "bin" / "helm"
-#: Non-resource paths every authenticated user may GET: the nonResourceURLs of the default
-#: system:discovery and system:public-info-viewer ClusterRoles (/api, /api/*, /apis, /apis/*,
-#: /openapi, /openapi/*, /version, /version/, /healthz, /livez, /readyz).
-DISCOVERY_PATHS = re.compile(r"^/(api|apis|openapi)(/.*)?$|^/version/?$|^/(healthz|livez|readyz)$")
 
 
 def render_chart(values: Mapping[str, Any] | None = None, *, namespace: str = "default",
@@ -191,23 +134,6 @@ def operator_grants(objects: Sequence[Mapping[str, Any]]) -> list[Grant]:
     return grants
 
 
-def _match(values: Sequence[str], value: str) -> bool:
-    return "*" in values or value in values
-
-
-def grant_allows(grant: Grant, info: RequestInfo) -> bool:
-    rule = grant.rule
-    if grant.namespace is not None and info.namespace != grant.namespace:
-        return False
-    resource = info.rbac_resource
-    resources = rule.get("resources") or []
-    if not (_match(rule.get("apiGroups") or [], info.group) and _match(rule.get("verbs") or [], info.verb)
-            and (_match(resources, resource) or (info.subresource and f"*/{info.subresource}" in resources))):
-        return False
-    names = rule.get("resourceNames") or []
-    return not names or (bool(info.name) and info.name in names and info.verb != "create")
-
-
 @pytest.fixture
 def helm_template() -> Callable[..., list[dict[str, Any]]]:
     """:func:`render_chart`: ``helm_template(values, namespace=..., extra_args=...)``."""
@@ -216,29 +142,5 @@ def helm_template() -> Callable[..., list[dict[str, Any]]]:
 
 @pytest.fixture
 def rbac() -> types.SimpleNamespace:
-    """The RBAC helpers: ``operator_grants(objects)`` and ``grant_allows(grant, request_info)``."""
-    return types.SimpleNamespace(operator_grants=operator_grants, grant_allows=grant_allows)
-
-
-@pytest.fixture
-def assert_rbac_allows() -> Callable[..., None]:
-    """``assert_rbac_allows(kube, values, user="fakekube")``: every call ``user`` made was
-    allowed by the chart rendered with ``values`` (release namespace ``default``)."""
-
-    def check(kube: RunningFakeKube, values: Mapping[str, Any] | None = None, *, user: str = "fakekube") -> None:
-        grants = operator_grants(render_chart(values, namespace="default"))
-        denied = set()
-        for record in kube.server.request_log():
-            if record.user != user:
-                continue
-            info = record.info
-            if not info.is_resource_request:
-                if not (info.verb == "get" and DISCOVERY_PATHS.match(info.path)):
-                    denied.add(f"{record.method} {record.path} (non-resource)")
-                continue
-            if not any(grant_allows(g, info) for g in grants):
-                denied.add(f"{info.verb} {info.group or 'core'}/{info.rbac_resource} "
-                           f"ns={info.namespace or '-'} name={info.name or '-'}")
-        assert not denied, "calls the chart's RBAC does not allow:\n" + "\n".join(sorted(denied))
-
-    return check
+    """The RBAC helpers: ``operator_grants(objects)``."""
+    return types.SimpleNamespace(operator_grants=operator_grants)

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import kubernetes
 import trustme
 import yaml
 
@@ -32,6 +33,9 @@ BIN = REPO / ".tools" / "k8s" / "current" / "bin"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
 ADMIN_TOKEN = "kafka-cleaner-tests-admin"
 FAKE_NODES = ("kwok-node-0", "kwok-node-1", "kwok-node-2")
+#: Where the tests install the chart (conftest.install_chart), and its ServiceAccount's name.
+CHART_RELEASE, CHART_NAMESPACE = "kc", "cleaner-operator"
+CHART_ACCOUNT = "kc-kafka-cleaner-operator"  # the release's full name: ServiceAccount, Lease, ...
 
 
 def available() -> bool:
@@ -272,6 +276,32 @@ class ControlPlane:
                     os.killpg(p.proc.pid, signal.SIGKILL)
                 p.proc.wait()
         self.processes.clear()
+
+
+@contextlib.contextmanager
+def activated_kubeconfig(path: Path) -> Iterator[None]:
+    """Point every kubeconfig reader in this process at ``path``, and restore them afterwards.
+
+    Setting ``$KUBECONFIG`` is not enough: the kubernetes client reads it once, at import, into
+    ``KUBE_CONFIG_DEFAULT_LOCATION``, which kopf's login and a bare ``load_kube_config()`` use
+    (K8S_TESTING.md §3, pitfall 2). The client's default Configuration is loaded too, so
+    ``kubernetes.client.CoreV1Api()`` reaches the same server as the same user.
+    """
+    kube_config, client = kubernetes.config.kube_config, kubernetes.client
+    saved = (os.environ.get("KUBECONFIG"), kube_config.KUBE_CONFIG_DEFAULT_LOCATION,
+             client.Configuration.get_default_copy())  # fmt: skip
+    os.environ["KUBECONFIG"] = str(path)
+    kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(path)
+    kubernetes.config.load_kube_config(config_file=str(path))
+    try:
+        yield
+    finally:
+        if saved[0] is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = saved[0]
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = saved[1]
+        client.Configuration.set_default(saved[2])
 
 
 @contextlib.contextmanager

@@ -1,8 +1,8 @@
-"""Helpers of the operator's end-to-end tests (tests/k8s/test_operator_*e2e.py): the operator in
-kopf's test runner, the broker StatefulSet and its pods as the StatefulSet controller would
-create them (fakekube runs no controllers), and the test's view of the cluster.
+"""Helpers of the operator's end-to-end tests on the real control plane: the operator in
+kopf's test runner, a broker StatefulSet as a Kafka chart writes it, policies, and the test's
+view of the cluster (``ApiCluster``).
 
-Imported as ``operator_helpers`` (``tests/k8s`` is on ``sys.path``, like ``fakekube``).
+Imported as ``operator_helpers`` (``tests/k8s`` is on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import kubernetes
 from compaction_operator.handlers import build_registry, build_settings
 from compaction_operator.injection import POLICY_ANNOTATION, POLICY_VOLUME, SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION
 from compaction_operator.settings import OperatorConfig
-from fakekube import RunningFakeKube
 from kubernetes.client import AppsV1Api, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
@@ -107,23 +106,6 @@ def sts_target(sts: str = "broker") -> dict[str, Any]:
     return {"statefulSet": sts, "dataVolume": "data", "mountPath": "/var/lib/kafka", "logDirs": ["data"]}
 
 
-def pod_of(sts: dict[str, Any], ordinal: int) -> dict[str, Any]:
-    """The pod the StatefulSet controller would create from the current template (fakekube runs
-    no controllers)."""
-    template = copy.deepcopy(sts["spec"]["template"])
-    name = f"{sts['metadata']['name']}-{ordinal}"
-    spec = template["spec"]
-    spec["volumes"] = [*spec.get("volumes", []),
-                       *({"name": t["metadata"]["name"],
-                          "persistentVolumeClaim": {"claimName": f"{t['metadata']['name']}-{name}"}}
-                         for t in sts["spec"].get("volumeClaimTemplates", []))]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {
-        "name": name, "labels": template["metadata"].get("labels", {}),
-        "annotations": template["metadata"].get("annotations", {}),
-        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts["metadata"]["name"],
-                             "uid": sts["metadata"]["uid"], "controller": True}]}, "spec": spec}
-
-
 def without_injection(template: dict[str, Any]) -> dict[str, Any]:
     """A pod template without what the operator injects (to compare with the original)."""
     out = copy.deepcopy(template)
@@ -146,43 +128,9 @@ def canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-class Cluster:
-    """The test's view of the cluster (calls as the user ``test``)."""
-
-    def __init__(self, kube: RunningFakeKube, client: kubernetes.client.ApiClient) -> None:
-        self.kube, self.custom = kube, CustomObjectsApi(client)
-        self.apps, self.core = AppsV1Api(client), CoreV1Api(client)
-
-    def sts(self, name: str = "broker") -> dict[str, Any]:
-        obj = self.kube.server.read("apps/v1", "statefulsets", name, NS)
-        assert obj is not None
-        return obj
-
-    def policy(self, name: str) -> dict[str, Any] | None:
-        return self.kube.server.read(f"{G}/{V}", P, name, NS)
-
-    def status(self, name: str) -> dict[str, Any]:
-        obj = self.policy(name)
-        return (obj or {}).get("status") or {}
-
-    def condition(self, name: str, type_: str) -> dict[str, Any]:
-        return next((c for c in self.status(name).get("conditions", []) if c["type"] == type_), {})
-
-    def configmap(self, name: str) -> dict[str, Any] | None:
-        return self.kube.server.read("v1", "configmaps", name, NS)
-
-    def patch_spec(self, name: str, spec: dict[str, Any]) -> int:
-        obj = self.custom.patch_namespaced_custom_object(G, V, NS, P, name, {"spec": spec})
-        return int(obj["metadata"]["generation"])
-
-    def events(self) -> list[tuple[str, str, str]]:
-        return [(e["involvedObject"]["kind"], e["reason"], e.get("message", ""))
-                for e in self.kube.server.objects("v1", "events", NS)]
-
-
 class ApiCluster:
-    """The test's view of a cluster through its API (the real control plane's), with the
-    methods of :class:`Cluster`, in namespace ``namespace``."""
+    """The test's view of a cluster through its API (the real control plane's), in namespace
+    ``namespace``: objects as the API server returns them (raw JSON), None for a 404."""
 
     def __init__(self, client: kubernetes.client.ApiClient, namespace: str) -> None:
         self.ns, self.custom = namespace, CustomObjectsApi(client)

@@ -1,28 +1,27 @@
-"""The operator end to end on the emulator (fakekube), for what the real control plane of
-test_real_*.py cannot show yet: a cluster older than Kubernetes 1.29 (the control plane is
-built at 1.34 only), the webhook's exact answers to AdmissionReviews the test sends, and the
-chart-rendered webhook configuration's path (its Service cannot point at loopback on a real
-API server). The StatefulSet lifecycle, the status flow, the webhook called by the API server
-and its failing open run on the real control plane. Each test here ends by
-checking every API call the operator made against the RBAC rules of the Helm chart.
+"""The operator end to end on the real control plane, for what test_real_operator.py leaves
+out: policies that stall with a reason (a pattern the API server accepts and Python cannot
+compile, a missing StatefulSet, a missing data volume) and recover, a retargeted policy moving
+its sidecar, and the webhook's exact answer to an AdmissionReview posted to the path the
+chart's MutatingWebhookConfiguration names (its Service cannot point at loopback). The
+operator calls as the chart's ServiceAccount, so the real RBAC authorizer judges every call.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import pathlib
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jsonpatch
+import kubernetes
 import pytest
-from compaction_operator.handlers import WEBHOOK_ID
 from compaction_operator.injection import POLICY_ANNOTATION, SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION
-from fakekube import RunningFakeKube
+from control_plane import ControlPlane, activated_kubeconfig, available, missing_reason
 from operator_helpers import (
-    NS,
-    Cluster,
+    ApiCluster,
     G,
     P,
     V,
@@ -35,19 +34,44 @@ from operator_helpers import (
     wait_for,
 )
 
+NS = "e2e"
 
-@pytest.mark.parametrize("fakekube_version", ["v1.28.9"])
-def test_regular_container_before_1_29_and_stalled_policies(cluster: Cluster, fakekube: RunningFakeKube,
-                                                            assert_rbac_allows: Callable[..., None]) -> None:
-    """Kubernetes 1.28: a regular container. A spec the API server accepts but Python cannot
-    compile, a missing StatefulSet and a missing data volume stall with a reason; fixing the
-    spec recovers. Changing the target moves the sidecar."""
-    cluster.apps.create_namespaced_stateful_set(NS, broker_statefulset())
-    cluster.apps.create_namespaced_stateful_set(NS, broker_statefulset("other"))
+pytestmark = [
+    pytest.mark.skipif(not available(), reason=missing_reason()),
+    pytest.mark.xdist_group("control-plane"),
+]
+
+
+@pytest.fixture
+def cluster(control_plane: ControlPlane, install_chart: Callable[..., pathlib.Path]) -> Iterator[ApiCluster]:
+    """The chart installed, the process's kubeconfig readers acting as its ServiceAccount, and
+    the test's own view of namespace ``e2e`` (as the admin)."""
+    kubeconfig = install_chart("webhook.enabled=true")
+    control_plane.kubectl("create", "namespace", NS, check=False)
+    with activated_kubeconfig(kubeconfig):
+        yield ApiCluster(kubernetes.config.new_client_from_config(config_file=str(control_plane.kubeconfig)), NS)
+
+
+def _create_policy(cluster: ApiCluster, manifest: dict[str, Any]) -> None:
+    cluster.custom.create_namespaced_custom_object(G, V, NS, P, manifest)
+
+
+def _sts(name: str = "broker") -> dict[str, Any]:
+    sts = broker_statefulset(name)
+    sts["spec"]["replicas"] = 0  # templates only: no pod, no volume claim to bind
+    return sts
+
+
+def test_stalled_policies_recover_and_a_new_target_takes_the_sidecar(cluster: ApiCluster) -> None:
+    """A spec the API server accepts but Python cannot compile, a missing StatefulSet and a
+    missing data volume stall with a reason; fixing the spec recovers (a native sidecar, on
+    this 1.34 control plane). Changing the target moves the sidecar."""
+    cluster.apps.create_namespaced_stateful_set(NS, _sts())
+    cluster.apps.create_namespaced_stateful_set(NS, _sts("other"))
     original = cluster.sts()
     with running_operator():
         # A JavaScript/RE2 named group: fine for the API server, not a Python regex.
-        cluster.custom.create_namespaced_custom_object(G, V, NS, P, policy(
+        _create_policy(cluster, policy(
             "bad", target=sts_target(), topics=[{"match": "(?<name>orders)"}]))
         stalled = wait_for(lambda: (c := cluster.condition("bad", "Stalled")).get("status") == "True" and c,
                            what="Stalled")
@@ -59,11 +83,10 @@ def test_regular_container_before_1_29_and_stalled_policies(cluster: Cluster, fa
         wait_for(lambda: cluster.condition("bad", "Stalled").get("status") == "False", what="recovered")
         sts = wait_for(lambda: (s := cluster.sts()) and SIDECAR_HASH_ANNOTATION in
                        s["spec"]["template"]["metadata"]["annotations"] and s, what="injection")
-        names = [c["name"] for c in sts["spec"]["template"]["spec"]["containers"]]
-        assert names == ["kafka", "jmx-exporter", SIDECAR_CONTAINER]
-        assert sts["spec"]["template"]["spec"]["initContainers"] == original["spec"]["template"]["spec"][
-            "initContainers"]
-        assert "restartPolicy" not in sts["spec"]["template"]["spec"]["containers"][-1]
+        names = [c["name"] for c in sts["spec"]["template"]["spec"]["initContainers"]]
+        assert names == ["prepare-config", SIDECAR_CONTAINER]  # Kubernetes 1.34: a native sidecar
+        assert sts["spec"]["template"]["spec"]["containers"] == original["spec"]["template"]["spec"]["containers"]
+        assert sts["spec"]["template"]["spec"]["initContainers"][-1]["restartPolicy"] == "Always"
 
         # Retarget: the sidecar leaves "broker" and goes to "other".
         cluster.patch_spec("bad", {"target": sts_target("other")})
@@ -73,10 +96,10 @@ def test_regular_container_before_1_29_and_stalled_policies(cluster: Cluster, fa
                  what="removed from the old target")
 
         # Missing target, missing volume.
-        cluster.custom.create_namespaced_custom_object(G, V, NS, P, policy("ghost", target=sts_target("nope")))
+        _create_policy(cluster, policy("ghost", target=sts_target("nope")))
         ghost = wait_for(lambda: (c := cluster.condition("ghost", "Stalled")).get("status") == "True" and c)
         assert ghost["reason"] == "TargetNotFound"
-        cluster.custom.create_namespaced_custom_object(G, V, NS, P, policy(
+        _create_policy(cluster, policy(
             "novol", target={**sts_target(), "dataVolume": "logs"}))
         novol = wait_for(lambda: (c := cluster.condition("novol", "Stalled")).get("status") == "True" and c)
         assert novol["reason"] == "DataVolumeNotFound" and "'logs'" in novol["message"]
@@ -85,10 +108,9 @@ def test_regular_container_before_1_29_and_stalled_policies(cluster: Cluster, fa
 
         for name in ("bad", "ghost", "novol"):
             cluster.custom.delete_namespaced_custom_object(G, V, NS, P, name)
-        wait_for(lambda: not fakekube.server.objects(f"{G}/{V}", P), what="all deleted")
+        wait_for(lambda: all(cluster.policy(n) is None for n in ("bad", "ghost", "novol")), what="all deleted")
         assert SIDECAR_HASH_ANNOTATION not in cluster.sts("other")["spec"]["template"]["metadata"].get(
             "annotations", {})
-    assert_rbac_allows(fakekube)
 
 
 # -------------------------------------------------------------------------------------------
@@ -123,42 +145,30 @@ def strimzi_pod(name: str, labels: dict[str, str]) -> dict[str, Any]:
                      "volumes": [{"name": "data-0", "persistentVolumeClaim": {"claimName": f"data-0-{name}"}}]}}
 
 
-@pytest.mark.parametrize("managed", [False, True], ids=["chart-configuration", "kopf-managed-configuration"])
-def test_webhook_injects_into_matching_pods(cluster: Cluster, fakekube: RunningFakeKube, managed: bool,
-                                            assert_rbac_allows: Callable[..., None],
-                                            helm_template: Callable[..., list[dict[str, Any]]]) -> None:
-    """A real AdmissionReview to kopf's webhook server: a JSONPatch that adds the sidecar to a
-    pod the policy selects, nothing for one it does not. The MutatingWebhookConfiguration is
-    the chart's (its path reaches the handler), or, opted in, kept by the operator."""
+def test_the_webhook_answers_on_the_path_the_charts_configuration_names(
+    cluster: ApiCluster, helm_template: Callable[..., list[dict[str, Any]]]
+) -> None:
+    """An AdmissionReview posted to kopf's webhook server on the path of the chart's
+    MutatingWebhookConfiguration: a JSONPatch that adds exactly the sidecar to a pod the policy
+    selects, nothing for one it does not; a selected pod created without the sidecar makes the
+    policy wait for it (AwaitingRollout)."""
     port = free_port()
-    name = "kafka-cleaner.kafkacleaner.io"
-    with running_operator(webhook_enabled=True, webhook_insecure=True, webhook_addr="127.0.0.1",
-                          webhook_port=port, webhook_configuration=name if managed else None):
-        cluster.custom.create_namespaced_custom_object(G, V, NS, P, policy(
+    with running_operator(webhook_enabled=True, webhook_insecure=True, webhook_addr="127.0.0.1", webhook_port=port):
+        _create_policy(cluster, policy(
             "strimzi", mode="stage", target={
                 "podSelector": {"matchLabels": {"strimzi.io/kind": "Kafka", "strimzi.io/broker-role": "true"}},
                 "dataVolume": "data-0", "mountPath": "/var/lib/kafka/data-0", "logDirs": ["kafka-log*"],
-                "injection": "webhook"}, reporting={"intervalSeconds": 1}))
+                "injection": "webhook"}, reporting={"intervalSeconds": 1}))  # fmt: skip
         wait_for(lambda: cluster.configmap("strimzi-kafka-cleaner"), what="ConfigMap")
-        if managed:
-            config = wait_for(lambda: (c := fakekube.server.read("admissionregistration.k8s.io/v1",
-                                                               "mutatingwebhookconfigurations", name))
-                              and c.get("webhooks") and c, what="webhook configuration")
-            hook = config["webhooks"][0]
-            assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
-                                      "operations": ["CREATE"], "scope": "*"}]
-            url = hook["clientConfig"]["url"]
-            assert url == f"http://127.0.0.1:{port}/{WEBHOOK_ID}"
-        else:
-            rendered = helm_template({"webhook": {"enabled": True}})
-            [config] = [o for o in rendered if o["kind"] == "MutatingWebhookConfiguration"]
-            hook = config["webhooks"][0]
-            url = f"http://127.0.0.1:{port}{hook['clientConfig']['service']['path']}"
+        rendered = helm_template({"webhook": {"enabled": True}})
+        [config] = [o for o in rendered if o["kind"] == "MutatingWebhookConfiguration"]
+        hook = config["webhooks"][0]
+        url = f"http://127.0.0.1:{port}{hook['clientConfig']['service']['path']}"
         assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
 
         broker = strimzi_pod("my-cluster-broker-0", {"strimzi.io/kind": "Kafka", "strimzi.io/broker-role": "true"})
         answer = wait_for(lambda: (a := post_review(url, admission_review(broker)))["response"].get("patch") and a,
-                          what="an injecting answer")
+                          what="an injecting answer")  # fmt: skip
         response = answer["response"]
         assert answer["kind"] == "AdmissionReview" and response["uid"] == "e2e-1" and response["allowed"] is True
         assert response["patchType"] == "JSONPatch"
@@ -174,22 +184,18 @@ def test_webhook_injects_into_matching_pods(cluster: Cluster, fakekube: RunningF
         assert {op["path"] for op in ops} <= {"/spec/initContainers", "/spec/volumes/1", "/metadata/annotations"}
 
         controller = strimzi_pod("my-cluster-controller-3", {"strimzi.io/kind": "Kafka",
-                                                             "strimzi.io/controller-role": "true"})
+                                                             "strimzi.io/controller-role": "true"})  # fmt: skip
         response = post_review(url, admission_review(controller, "e2e-2"))["response"]
         assert response["allowed"] is True and "patch" not in response
 
-        # A pod the policy selects, created for real, is reported as not running the sidecar
-        # yet (fakekube calls no webhooks), and the policy waits for it.
+        # A selected pod created without the sidecar (no webhook configuration exists here, so
+        # the API server calls none): the policy waits for it.
         cluster.core.create_namespaced_pod(NS, broker, _preload_content=False)
         reconciling = wait_for(lambda: (c := cluster.condition("strimzi", "Reconciling")).get("reason")
-                               == "AwaitingRollout" and c, what=f"AwaitingRollout: {cluster.status('strimzi')}")
+                               == "AwaitingRollout" and c, what="AwaitingRollout")  # fmt: skip
         assert "my-cluster-broker-0" in reconciling["message"]
 
         cluster.custom.delete_namespaced_custom_object(G, V, NS, P, "strimzi")
         wait_for(lambda: cluster.policy("strimzi") is None, what="deleted")
         assert cluster.configmap("strimzi-kafka-cleaner") is None
     assert ("CompactionPolicy", "WebhookPodsUnchanged") in [e[:2] for e in cluster.events()]
-    assert_rbac_allows(fakekube, {"webhook": {"enabled": True, "manageConfiguration": managed,
-                                              "configurationName": name}})
-    if not managed:
-        assert not fakekube.server.objects("admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations")

@@ -25,8 +25,7 @@ import kubernetes
 import pytest
 from compaction_operator.kube import Kube
 from compaction_operator.leader import LeaseElector
-from conftest import CHART_ACCOUNT, CHART_NAMESPACE
-from control_plane import ControlPlane, available, missing_reason
+from control_plane import CHART_ACCOUNT, CHART_NAMESPACE, ControlPlane, available, missing_reason
 from kubernetes.client import CustomObjectsApi
 
 from cleaner.clock import MockTime

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 import yaml
-from compaction_operator.injection import build_sidecar, inject_into_pod
+from compaction_operator.injection import build_sidecar, inject_into_pod, label_selector_string, selector_matches
 from control_plane import ControlPlane, available, missing_reason
 from test_crd import CEL_RULES
 
@@ -211,3 +211,32 @@ def _create_object(plane: ControlPlane, obj: dict) -> subprocess.CompletedProces
     path = plane.root / "object.yaml"
     path.write_text(yaml.safe_dump(obj))
     return plane.kubectl("create", "--dry-run=server", "-f", str(path), check=False)
+
+
+def test_the_label_selector_the_operator_sends_lists_the_pods_the_api_server_selects(plane: ControlPlane) -> None:
+    """For each case of test_injection.SELECTOR_CASES: a pod with the case's labels, listed by
+    the real API server with ``label_selector_string(selector)``, is in the list exactly when
+    ``selector_matches`` says it matches."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests" / "operator"))
+    from test_injection import SELECTOR_CASES
+
+    namespace = "selectors"
+    plane.kubectl("create", "namespace", namespace, check=False)
+    for i, (selector, labels, expected) in enumerate(SELECTOR_CASES):
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": f"case-{i}", "namespace": namespace, "labels": {**labels, "case": str(i)}},
+               "spec": {"containers": [{"name": "c", "image": "busybox"}]}}  # fmt: skip
+        _create_object_for_real(plane, pod)
+        query = label_selector_string(selector)
+        found = plane.kubectl("get", "pods", "-n", namespace, "-l", f"{query},case={i}", "-o", "json")
+        listed = json.loads(found.stdout)
+        assert (len(listed["items"]) == 1) is expected, (selector, labels, query)
+        assert selector_matches(selector, labels) is expected
+
+
+def _create_object_for_real(plane: ControlPlane, obj: dict) -> None:
+    path = plane.root / "object.yaml"
+    path.write_text(yaml.safe_dump(obj))
+    plane.kubectl("create", "-f", str(path))

@@ -22,8 +22,7 @@ import pytest
 import yaml
 from compaction_operator import handlers, metrics
 from compaction_operator.injection import SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION, find_sidecar
-from control_plane import ControlPlane, available, missing_reason
-from fakekube import activated_kubeconfig
+from control_plane import ControlPlane, activated_kubeconfig, available, missing_reason
 from kubelet import ConfigMapVolume, SidecarProcess, files_of
 from operator_helpers import (
     ApiCluster,
