@@ -20,6 +20,7 @@ index tail of an active segment is recognised instead of being reported as corru
 
 from __future__ import annotations
 
+import base64
 import bisect
 import json
 import os
@@ -343,11 +344,28 @@ def _sibling(path: str, name: _Name, ext: str) -> str:
 # The run
 
 
+def _utf8(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+#: ``--decoder``: how ``--print-data-log`` shows keys and values (Kafka's own default is a
+#: string decoder, UTF-8).
+DECODERS: dict[str, Callable[[bytes], str]] = {
+    "utf8": _utf8,
+    "hex": bytes.hex,
+    "base64": lambda data: base64.b64encode(data).decode("ascii"),
+}
+
+
 @dataclass
 class _Options:
     deep: bool
     verify: bool
     read_buffer_bytes: int = DEFAULT_READ_BUFFER_BYTES
+    decoder: Callable[[bytes], str] | None = None
+    """``--print-data-log``: keys and values are printed, decoded by this."""
+    offsets: tuple[int, int] | None = None
+    """``--offsets FROM:TO``: only the batches and records within [FROM, TO] are printed."""
 
 
 @dataclass
@@ -390,11 +408,15 @@ def run_dump(
     as_json: bool = False,
     read_buffer_bytes: int = DEFAULT_READ_BUFFER_BYTES,
     only: PartitionFilter | None = None,
+    decoder: str | None = None,
+    offsets: tuple[int, int] | None = None,
 ) -> int:
     """Dump ``path`` (a file, a partition directory or a whole log dir); returns the exit status.
     ``only`` (``--topic``/``--partition``) keeps the files of the partition dirs it accepts."""
     out = _Output(as_json=as_json)
-    run = _Run(_Options(deep, verify, max(read_buffer_bytes, RECORD_BATCH_OVERHEAD)), out)
+    options = _Options(deep or decoder is not None, verify, max(read_buffer_bytes, RECORD_BATCH_OVERHEAD),
+                       DECODERS[decoder] if decoder is not None else None, offsets)
+    run = _Run(options, out)
     try:
         if os.path.isdir(path):
             run.dir_mode = True
@@ -819,8 +841,23 @@ def _column_lists(cols: RecordColumns) -> dict[str, list[int]]:
     }
 
 
+def _data(obj: dict[str, Any], key: bytes | None, value: bytes | None, decoder: Callable[[bytes], str]) -> str:
+    """``--print-data-log``'s part of a record line (Kafka's " key: ... payload: ...", each only
+    when present), and the same as ``key``/``value`` in the JSON form."""
+    obj["key"] = None if key is None else decoder(key)
+    obj["value"] = None if value is None else decoder(value)
+    key_text = f" key: {obj['key']}" if key is not None else ""
+    return key_text + (f" payload: {obj['value']}" if value is not None else "")
+
+
 def _v2_record(
-    rows: _RecordRows, r: int, base_sequence: int, is_control: bool, label: str, where: tuple[str, int]
+    rows: _RecordRows,
+    r: int,
+    base_sequence: int,
+    is_control: bool,
+    label: str,
+    where: tuple[str, int],
+    decoder: Callable[[bytes], str] | None = None,
 ) -> tuple[dict[str, Any], str, Problem | None]:
     """One v2 record as Kafka's ``printRecordMetadata`` shows it (and its JSON form)."""
     lists = rows.lists
@@ -859,10 +896,14 @@ def _v2_record(
         f"| offset: {offset} {label}: {obj['timestamp']} keySize: {key_size} valueSize: {value_size} "
         f"sequence: {sequence} headerKeys: [{','.join(header_keys)}]{control_text}"
     )
+    if decoder is not None and not is_control:  # as Kafka's DumpLogSegments: no contents of markers
+        text += _data(obj, rows.cols.key(r), rows.cols.value(r), decoder)
     return obj, text, problem
 
 
-def _legacy_records(entry: Any, path: str, position: int, problems: list[Problem]) -> list[tuple[dict[str, Any], str]]:
+def _legacy_records(
+    entry: Any, path: str, position: int, problems: list[Problem], decoder: Callable[[bytes], str] | None = None
+) -> list[tuple[dict[str, Any], str]]:
     """The records of a v0/v1 entry, each with Kafka's ``isValid``/``crc`` of its message."""
     label = _TIMESTAMP_LABEL[entry.timestamp_type]
     try:
@@ -895,6 +936,8 @@ def _legacy_records(entry: Any, path: str, position: int, problems: list[Problem
             f"| offset: {record.offset} {label}: {record.timestamp} keySize: {key_size} valueSize: {value_size} "
             f"isValid: {_bool(valid)} crc: {message.crc}"
         )
+        if decoder is not None:
+            text += _data(obj, record.key, record.value, decoder)
         out.append((obj, text))
     return out
 
@@ -1013,7 +1056,7 @@ def _process_slice(run: _Run, path: str, batches: Batches, state: _LogState) -> 
                 problems.extend(_record_offset_problems(cols, rows, batches, path))
         problems.extend(Problem.of(e, path) for e in errors)
         for i, entry in batches.legacy.items():
-            legacy_out[i] = _legacy_records(entry, path, positions[i], problems)
+            legacy_out[i] = _legacy_records(entry, path, positions[i], problems, run.options.decoder)
     if state.check:
         problems.extend(_offset_problems(batches, state, path))
 
@@ -1022,6 +1065,7 @@ def _process_slice(run: _Run, path: str, batches: Batches, state: _LogState) -> 
         i = max(bisect.bisect_right(positions, p.position if p.position is not None else -1) - 1, 0)
         by_batch.setdefault(i, []).append(p)
 
+    span = run.options.offsets
     for i in range(len(batches)):
         obj, text = _batch_view(batches, i, positions[i] not in bad_crc)
         lines: list[tuple[dict[str, Any], str]] = []
@@ -1030,12 +1074,21 @@ def _process_slice(run: _Run, path: str, batches: Batches, state: _LogState) -> 
             # Control records are parsed under --verify too (their key and marker value).
             base_seq, is_control, label = obj["baseSequence"], obj["isControl"], obj["timestampType"]
             for r in range(rows.start, rows.stop):
-                record, line, problem = _v2_record(rows, r, base_seq, is_control, label, (path, positions[i]))
+                record, line, problem = _v2_record(
+                    rows, r, base_seq, is_control, label, (path, positions[i]), run.options.decoder
+                )
                 lines.append((record, line))
                 if problem is not None:
                     by_batch.setdefault(i, []).append(problem)
         elif i in legacy_out:
             lines = legacy_out[i]
+        if span is not None:
+            shown = obj["lastOffset"] >= span[0] and obj["baseOffset"] <= span[1]
+            lines = [(record, line) for record, line in lines if span[0] <= record["offset"] <= span[1]]
+            if not shown:  # outside the range: only its problems are reported
+                for p in by_batch.get(i, ()):
+                    out.problem(p)
+                continue
         if state.deep:
             obj["records"] = [record for record, _ in lines]
             state.records += len(lines)
@@ -1451,6 +1504,22 @@ _HANDLERS: dict[str, Callable[[_Run, str, _Name], None]] = {
 # The command
 
 
+def _offset_range(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
+    """``FROM:TO``, ``FROM:`` or ``:TO`` (inclusive) as a pair of offsets."""
+    if value is None:
+        return None
+    low, sep, high = value.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        span = (int(low) if low else 0, int(high) if high else 2**63 - 1)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not FROM:TO (offsets, e.g. 100:200, 100: or :200)") from None
+    if span[0] > span[1]:
+        raise click.BadParameter(f"{value!r}: FROM is above TO")
+    return span
+
+
 @click.command("dump")
 @click.argument("path", type=click.Path(exists=True, dir_okay=True, readable=True))
 @click.option("--deep", is_flag=True, help="Also print every record of every batch.")
@@ -1469,6 +1538,27 @@ _HANDLERS: dict[str, Callable[[_Run, str, _Name], None]] = {
     hidden=True,
     help="Bytes of a .log read at a time (grown only for a larger batch).",
 )
+@click.option(
+    "--print-data-log",
+    "print_data",
+    is_flag=True,
+    help="Also print each record's key and value (implies --deep), as kafka-dump-log.sh does.",
+)
+@click.option(
+    "--decoder",
+    type=click.Choice(sorted(DECODERS)),
+    default="utf8",
+    show_default=True,
+    help="How --print-data-log shows keys and values.",
+)
+@click.option(
+    "--offsets",
+    "offset_range",
+    callback=_offset_range,
+    default=None,
+    metavar="FROM:TO",
+    help="Print only the batches and records with offsets in [FROM, TO] (either side may be left out).",
+)
 @filter_options
 def dump(
     path: str,
@@ -1476,6 +1566,9 @@ def dump(
     verify: bool,
     as_json: bool,
     read_buffer_bytes: int,
+    print_data: bool,
+    decoder: str,
+    offset_range: tuple[int, int] | None,
     topic: str | None,
     partitions: tuple[int, ...],
 ) -> None:
@@ -1497,6 +1590,8 @@ def dump(
             as_json=as_json,
             read_buffer_bytes=read_buffer_bytes,
             only=partition_filter(topic, partitions),
+            decoder=decoder if print_data else None,
+            offsets=offset_range,
         )
     except BrokenPipeError:
         # `dump ... | head`: stop quietly, and keep Python from complaining at exit.

@@ -171,3 +171,27 @@ def test_shell_completion_and_both_commands_versions_as_the_readme_says() -> Non
     for command in ("kafka-cleaner", "kafka-cleaner-operator"):
         out = subprocess.run([str(CLI.with_name(command)), "--version"], capture_output=True, text=True, check=True)
         assert __version__ in out.stdout
+
+
+def test_dump_prints_keys_and_values_with_each_decoder_and_an_offset_range(logs: tuple[Path, Path, str]) -> None:
+    import base64
+
+    root, _, _ = logs
+    log = sorted((root / f"{A}-0").glob("*.log"))[0]
+
+    def records(*args: str) -> list[dict]:
+        document = json.loads(cli("dump", log, "--print-data-log", "--json", *args).stdout)
+        return [r for b in document[0]["batches"] for r in b["records"]]
+
+    text = records("--decoder", "utf8", "--offsets", "10:20")
+    assert [r["offset"] for r in text] == list(range(10, 21))
+    raw = records("--decoder", "base64", "--offsets", "10:20")
+    hexed = records("--decoder", "hex", "--offsets", "10:20")
+    for t, b, h in zip(text, raw, hexed, strict=True):
+        assert base64.b64decode(b["key"]) == bytes.fromhex(h["key"]) == t["key"].encode()
+        assert t["value"] is None or base64.b64decode(b["value"]).decode() == t["value"]
+    lines = cli("dump", log, "--print-data-log", "--offsets", "10:11").stdout.splitlines()
+    shown = [line for line in lines if line.startswith("| offset: ")]
+    assert len(shown) == 2 and all(f" key: {t['key']}" in s for s, t in zip(shown, text, strict=False))
+    bad = cli("dump", log, "--offsets", "9", check=False)
+    assert bad.returncode == 2 and "is not FROM:TO" in bad.stderr
