@@ -37,10 +37,6 @@ def binary_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def mib_per_second(n_bytes: float, seconds: float) -> str:
-    return f"{n_bytes / 1048576 / seconds:,.1f} MiB/s" if seconds > 0 else "- MiB/s"
-
-
 @dataclass(frozen=True)
 class Bytes:
     """A cell holding a byte count: binary units in a table, the plain number in TSV."""
@@ -167,9 +163,6 @@ class ByteProgress:
             self.total = self.completed
             self._progress.update(self._task, total=self.total)
         self._progress.advance(self._task, n)
-
-    def describe(self, text: str) -> None:
-        self._progress.columns[0].text_format = text  # type: ignore[union-attr]
 
     @contextlib.contextmanager
     def shown_while(self) -> Iterator[ByteProgress]:
