@@ -26,7 +26,16 @@ from cleaner.engine.log_cleaner import CleanResult, LogCleaner
 from cleaner.engine.manager import LogCleanerManager, PartitionReport
 from cleaner.engine.next_clean import NextCleanCache
 from cleaner.errors import KafkaCleanerError, LogDirLockedError, PolicyError
-from cleaner.output import ByteProgress, Bytes, Column, binary_bytes, output_option, print_table, resolve_format
+from cleaner.output import (
+    ByteProgress,
+    Bytes,
+    Column,
+    Duration,
+    binary_bytes,
+    output_option,
+    print_table,
+    resolve_format,
+)
 from cleaner.partition_filter import filter_options, partition_filter
 from cleaner.sidecar.guards import refusal_lines
 from cleaner.storage.log_dir import LogDirectory, is_kafka_log_dir
@@ -535,9 +544,9 @@ _STATUS_COLUMNS = [
     Column("held back", right=True),
     Column("ratio", right=True),
     Column("eligible"),
-    Column("delay s", right=True),
+    Column("compaction delay", right=True),
     Column("tombstones", right=True),
-    Column("oldest tombstone age s", right=True),
+    Column("oldest tombstone age", right=True),
 ]
 
 
@@ -557,9 +566,9 @@ def _print_status(statuses: list[cleaning.PartitionStatus], fmt: str) -> None:
                 Bytes(r.uncleanable_bytes),
                 f"{r.cleanable_ratio:.2f}",
                 "yes" if r.eligible else f"no ({r.reason})",
-                f"{r.compaction_delay_ms / 1000:.0f}",
+                Duration(r.compaction_delay_ms // 1000),
                 s.facts.tombstones if s.facts else None,
-                f"{age / 1000:.0f}" if age is not None else None,
+                Duration(age // 1000) if age is not None else None,
             ]
         )
     print_table(fmt, "kafka-cleaner status", _STATUS_COLUMNS, rows)

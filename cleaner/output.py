@@ -47,7 +47,25 @@ class Bytes:
         return binary_bytes(self.n)
 
 
-Cell = str | int | float | Bytes | None
+@dataclass(frozen=True)
+class Duration:
+    """A cell holding a duration in seconds: ``3d 4h``, ``2h 5m``, ``4m 10s`` or ``12s`` in a
+    table, the plain number of seconds in TSV."""
+
+    seconds: float
+
+    def __str__(self) -> str:
+        minutes, secs = divmod(int(self.seconds), 60)
+        hours, mins = divmod(minutes, 60)
+        days, hrs = divmod(hours, 24)
+        if days:
+            return f"{days}d {hrs}h"
+        if hours:
+            return f"{hours}h {mins}m"
+        return f"{minutes}m {secs}s" if minutes else f"{secs}s"
+
+
+Cell = str | int | float | Bytes | Duration | None
 
 
 def _human(cell: Cell) -> str:
@@ -63,6 +81,8 @@ def _raw(cell: Cell) -> str:
         return ""
     if isinstance(cell, Bytes):
         return str(cell.n)
+    if isinstance(cell, Duration):
+        return f"{cell.seconds:g}"
     return str(cell).replace("\t", " ").replace("\n", " ")
 
 

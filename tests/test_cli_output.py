@@ -15,7 +15,7 @@ import pytest
 from kafka_logs import snapshot_dir
 
 from cleaner.generate import GeneratorConfig, generate
-from cleaner.output import ByteProgress, binary_bytes
+from cleaner.output import ByteProgress, Duration, binary_bytes
 from cleaner.storage.checkpoint import OffsetCheckpointFile
 
 CLI = Path(sys.executable).with_name("kafka-cleaner")
@@ -44,10 +44,11 @@ def cli(*args: object, check: bool = True) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def test_binary_units_are_labelled_and_a_progress_bar_never_passes_its_total() -> None:
+def test_binary_units_and_durations_for_people_and_a_progress_bar_never_passes_its_total() -> None:
     assert [binary_bytes(n) for n in (0, 1023, 1024, 1536, 5 << 20, 3 << 30)] == [
         "0 B", "1023 B", "1.0 KiB", "1.5 KiB", "5.0 MiB", "3.0 GiB",
     ]  # fmt: skip
+    assert [str(Duration(s)) for s in (12, 250, 7_500, 277_200)] == ["12s", "4m 10s", "2h 5m", "3d 5h"]
     bar = ByteProgress("work", 100, enabled=False)
     for _ in range(7):
         bar.advance(30)
