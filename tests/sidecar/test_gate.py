@@ -102,13 +102,18 @@ class ThrottledClock(MockTime):
                 self._nanos += int(ms * 1_000_000)
 
 
-def _wait_for_a_clean_in_flight(data: Path) -> None:
-    # The map pass before the first .cleaned file takes some 1000 throttle sleeps of 2 ms real
-    # time each: a few seconds alone, several times that on a loaded 2-core CI machine.
+def _wait_for_a_clean_in_flight(data: Path, clock: ThrottledClock | None = None) -> None:
+    """Until a ``.cleaned`` file exists. The map pass before it takes some 1000 throttle sleeps
+    of 2 ms real time each: a few seconds alone, several times that on a loaded 2-core CI
+    machine. With ``clock``, the clock moves on meanwhile (20 ms a poll), as a wall clock would:
+    a cleaner thread whose first round found nothing to take backs off ``backoffMs`` on it, and
+    would otherwise wait for a clock that nothing moves (seen once in some 20 CI runs)."""
     deadline = time.monotonic() + 120
     while not any(p.name.endswith(".cleaned") for p in data.glob("*/*")):
         assert time.monotonic() < deadline, "no clean started"
         time.sleep(0.001)
+        if clock is not None:
+            clock.advance(20)
 
 
 SLOW = {"maxIoBytesPerSecond": 2_000}
@@ -168,7 +173,7 @@ def test_compact_takes_the_lock_only_inside_a_window_and_gives_it_back_when_it_c
     sc.tick()
     assert status_of(sc)["compact"]["inWindow"] and status_of(sc)["cleaner"]["state"] == "cleaning"
     assert not lock_is_free_for_another_process(data)
-    _wait_for_a_clean_in_flight(data)
+    _wait_for_a_clean_in_flight(data, clock)  # well inside the window (it closes at 01:00)
     clock.set(_ms(2024, 1, 2, 1, 0, 0))  # the window closes while the pass is in flight
     sc.tick()
     assert sc._controller.pool is None and lock_is_free_for_another_process(data)
