@@ -7,9 +7,10 @@ an emulation of the API server: admission (PodSecurity, the mutating webhook ove
 CEL validation of CRDs, server-side apply and the StatefulSet and garbage-collector
 controllers are Kubernetes' own code.
 
-Access: a static token for an admin (``system:masters``), and impersonation for everything
-else (``as_user``), so a test can act as the chart's ServiceAccount and see every call its
-RBAC lacks refused. Serving certificates come from ``trustme``.
+Access: a static token for an admin (``system:masters``); a test acts as the chart's
+ServiceAccount with a token the API server issues (``kubectl create token``, see
+conftest.install_chart), so every call the chart's RBAC lacks is refused. Serving
+certificates come from ``trustme``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,10 +89,9 @@ class ControlPlane:
         (self.root / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin-uid,"system:masters"\n')
         self.kubeconfig.write_text(yaml.safe_dump(self.kubeconfig_for(ADMIN_TOKEN)))
 
-    def kubeconfig_for(self, token: str, *, impersonate: str | None = None) -> dict:
+    def kubeconfig_for(self, token: str) -> dict:
+        """A kubeconfig calling the API server with ``token`` (the admin's, or a ServiceAccount's)."""
         user: dict = {"token": token}
-        if impersonate is not None:
-            user["as"] = impersonate
         return {
             "apiVersion": "v1",
             "kind": "Config",
@@ -100,12 +102,6 @@ class ControlPlane:
             "contexts": [{"name": "tests", "context": {"cluster": "tests", "user": "user"}}],
             "current-context": "tests",
         }
-
-    def kubeconfig_as(self, user: str, name: str) -> Path:
-        """A kubeconfig that impersonates ``user`` (e.g. ``system:serviceaccount:ns:sa``)."""
-        path = self.root / f"kubeconfig-{name}"
-        path.write_text(yaml.safe_dump(self.kubeconfig_for(ADMIN_TOKEN, impersonate=user)))
-        return path
 
     # -- processes -------------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str]) -> None:
@@ -131,9 +127,6 @@ class ControlPlane:
         )
 
     def _healthy(self, path: str) -> bool:
-        import ssl
-        import urllib.request
-
         ctx = ssl.create_default_context(cafile=str(self.root / "ca.crt"))
         req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         with urllib.request.urlopen(req, context=ctx, timeout=5) as r:
