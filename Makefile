@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 # `operator` whenever Python put the working directory on sys.path (`python -m ...`).
 export PYTHONSAFEPATH := 1
 
-.PHONY: demo test lint bench setup mutation crash-soak fuzz image
+.PHONY: demo demo-kafka test lint bench setup mutation crash-soak fuzz image
 
 setup: $(STAMP)
 
@@ -28,6 +28,10 @@ $(STAMP): pyproject.toml scripts/setup-system.sh scripts/get-helm.sh scripts/get
 
 demo: $(STAMP)
 	$(BIN)/kafka-cleaner demo
+
+# The same on a real Apache Kafka broker (its jars from Maven Central, see make setup).
+demo-kafka: $(STAMP)
+	$(BIN)/python scripts/demo_kafka.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup
