@@ -25,7 +25,6 @@ import mmap
 from collections.abc import Sequence
 
 import numpy as np
-import xxhash
 
 from cleaner import _native
 
@@ -47,7 +46,8 @@ def digest_keys(data: bytes | bytearray | memoryview, starts: Sequence[int], end
 
 
 def digest_key(key: bytes) -> np.ndarray:
-    return np.frombuffer(xxhash.xxh3_128_digest(key), dtype=np.uint8).reshape(1, DIGEST_SIZE)
+    """One key's digest, as a (1, 16) array (``digest_keys`` of a single key)."""
+    return digest_keys(key, [0], [len(key)])
 
 
 def _largest_prime_at_most(n: int) -> int:

@@ -19,7 +19,6 @@ import itertools
 import struct
 from collections.abc import Sequence
 
-import crc32c
 import numpy as np
 
 from cleaner import _native
@@ -118,7 +117,7 @@ def assemble_batch(
             records_count,
         )
     )
-    crc = crc32c.crc32c(section, crc32c.crc32c(header[ATTRIBUTES_OFFSET:]))
+    crc = _native.crc32c(section, _native.crc32c(header[ATTRIBUTES_OFFSET:]))
     _CRC.pack_into(header, 17, crc)
     return bytes(header) + section
 

@@ -15,9 +15,9 @@ import zlib
 from dataclasses import dataclass
 from functools import cached_property
 
-import crc32c
 import numpy as np
 
+from cleaner import _native
 from cleaner.errors import CorruptRecordError
 from cleaner.records.batch import (
     ATTRIBUTES_OFFSET,
@@ -179,19 +179,17 @@ class Batches:
         ``dump --verify`` and the checks after writing a cleaned segment do.
         """
         problems = []
+        v2 = np.flatnonzero(self.magic >= 2)
+        computed_v2 = _native.crc32c_spans(
+            self.buffer, self.positions[v2] + ATTRIBUTES_OFFSET, self.positions[v2] + self.sizes[v2]
+        )
+        computed_by_entry = dict(zip(v2.tolist(), computed_v2.tolist(), strict=True))
         view = memoryview(self.buffer)
-        for i, (p, size, magic, stored) in enumerate(
-            zip(
-                self.positions.tolist(),
-                self.sizes.tolist(),
-                self.magic.tolist(),
-                self.headers["crc"].tolist(),
-                strict=True,
-            )
+        for i, (p, size, stored) in enumerate(
+            zip(self.positions.tolist(), self.sizes.tolist(), self.headers["crc"].tolist(), strict=True)
         ):
-            if magic >= 2:
-                computed = crc32c.crc32c(view[p + ATTRIBUTES_OFFSET : p + size])
-            else:
+            computed = computed_by_entry.get(i)
+            if computed is None:  # a legacy message: CRC-32 from its magic byte on
                 stored = struct.unpack_from(">I", view, p + LOG_OVERHEAD)[0]
                 computed = zlib.crc32(view[p + MAGIC_OFFSET : p + size])
             if computed != stored:

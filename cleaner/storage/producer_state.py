@@ -29,8 +29,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import crc32c
-
+from cleaner import _native
 from cleaner.errors import CorruptDataError, CorruptSnapshotError
 from cleaner.records.batch import BatchHeader
 from cleaner.records.control import ControlRecordType
@@ -100,7 +99,7 @@ def encode_snapshot(entries: Iterable[ProducerSnapshotEntry]) -> bytes:
         body += entry.pack()
         count += 1
     struct.pack_into(">i", body, _CRC_START, count)
-    struct.pack_into(">I", body, 2, crc32c.crc32c(bytes(body[_CRC_START:])))
+    struct.pack_into(">I", body, 2, _native.crc32c(body[_CRC_START:]))
     return bytes(body)
 
 
@@ -131,7 +130,7 @@ def decode_snapshot(
         )
     if version != PRODUCER_SNAPSHOT_VERSION:
         raise corrupt(f"Snapshot contained an unknown file version {version}", 0)
-    computed = crc32c.crc32c(buf[_CRC_START:])
+    computed = _native.crc32c(memoryview(buf)[_CRC_START:])
     if crc != computed:
         raise corrupt(f"Snapshot is corrupt (CRC is no longer valid). Stored crc: {crc}. Computed crc: {computed}", 2)
     return [ProducerSnapshotEntry(*_ENTRY.unpack_from(buf, _HEADER.size + i * _ENTRY.size)) for i in range(count)]

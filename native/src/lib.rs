@@ -8,6 +8,7 @@ mod records;
 mod varint;
 
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadwriteArray1};
+use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -253,6 +254,55 @@ fn assemble_batches<'py>(
     Ok((PyBytes::new(py, &out), ends.into_pyarray(py)))
 }
 
+/// The bytes of any C-contiguous buffer (bytes, bytearray, memoryview, mmap, numpy).
+///
+/// The `PyBuffer` export keeps the memory alive and its size fixed (a bytearray cannot be
+/// resized while exported), so the slice may be read with the GIL released.
+fn contiguous(buffer: &PyBuffer<u8>) -> PyResult<&[u8]> {
+    if !buffer.is_c_contiguous() {
+        return Err(PyValueError::new_err("the buffer is not contiguous"));
+    }
+    // SAFETY: a contiguous u8 buffer of `len_bytes()` bytes, alive while `buffer` is.
+    Ok(unsafe { std::slice::from_raw_parts(buffer.buf_ptr() as *const u8, buffer.len_bytes()) })
+}
+
+/// CRC-32C (Castagnoli, as Kafka's `Crc32C`) of `data`, continuing from `crc` (0 to start).
+#[pyfunction]
+#[pyo3(name = "crc32c", signature = (data, crc = 0))]
+fn crc32c_of(py: Python<'_>, data: PyBuffer<u8>, crc: u32) -> PyResult<u32> {
+    let bytes = contiguous(&data)?;
+    Ok(py.allow_threads(|| ::crc32c::crc32c_append(crc, bytes)))
+}
+
+/// CRC-32C of each span `data[starts[i]..ends[i]]` (a v2 batch from its attributes to its
+/// end: what the batch's CRC field covers), computed with the GIL released.
+#[pyfunction]
+fn crc32c_spans<'py>(
+    py: Python<'py>,
+    data: PyBuffer<u8>,
+    starts: PyReadonlyArray1<'py, i64>,
+    ends: PyReadonlyArray1<'py, i64>,
+) -> PyResult<Bound<'py, PyArray1<u32>>> {
+    let bytes = contiguous(&data)?;
+    let (s, e) = (starts.as_slice()?, ends.as_slice()?);
+    if s.len() != e.len() {
+        return Err(PyValueError::new_err("starts and ends differ in length"));
+    }
+    if s.iter()
+        .zip(e)
+        .any(|(&a, &b)| a < 0 || b < a || b as usize > bytes.len())
+    {
+        return Err(PyValueError::new_err("a span lies outside the buffer"));
+    }
+    let crcs = py.allow_threads(|| {
+        s.iter()
+            .zip(e)
+            .map(|(&a, &b)| ::crc32c::crc32c(&bytes[a as usize..b as usize]))
+            .collect::<Vec<u32>>()
+    });
+    Ok(crcs.into_pyarray(py))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reencode_records, m)?)?;
@@ -261,5 +311,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(offset_map_locate, m)?)?;
     m.add_function(wrap_pyfunction!(decode_records, m)?)?;
     m.add_function(wrap_pyfunction!(digest_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(crc32c_of, m)?)?;
+    m.add_function(wrap_pyfunction!(crc32c_spans, m)?)?;
     Ok(())
 }

@@ -1,8 +1,10 @@
 """The compiled core (``cleaner._native``) against the tests' reference implementations:
-the numpy record decoder it replaced, and the ``xxhash`` package's xxh3-128."""
+the numpy record decoder it replaced, the ``xxhash`` package's xxh3-128 and the ``crc32c``
+package's CRC-32C (peers kept for the tests only)."""
 
 from __future__ import annotations
 
+import crc32c
 import numpy as np
 import pytest
 import xxhash
@@ -127,3 +129,29 @@ def test_key_digests_are_xxh3_128(keys: list[bytes]) -> None:
 def test_key_spans_outside_the_buffer_are_refused() -> None:
     with pytest.raises(ValueError, match="outside the buffer"):
         _native.digest_keys(b"abc", np.array([1], dtype=np.int64), np.array([9], dtype=np.int64))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=3000), cut=st.integers(min_value=0, max_value=3000))
+def test_crc32c_is_castagnoli_and_continues_from_a_prefix(data: bytes, cut: int) -> None:
+    cut = min(cut, len(data))
+    assert _native.crc32c(data) == crc32c.crc32c(data)
+    assert _native.crc32c(data[cut:], _native.crc32c(data[:cut])) == crc32c.crc32c(data)
+    assert _native.crc32c(bytearray(data)) == _native.crc32c(memoryview(data)) == crc32c.crc32c(data)
+
+
+@settings(max_examples=100, deadline=None)
+@given(spans=st.lists(st.binary(max_size=300), max_size=20))
+def test_crc32c_spans_are_each_spans_crc(spans: list[bytes]) -> None:
+    data = b"".join(spans)
+    ends = np.cumsum([len(s) for s in spans], dtype=np.int64)
+    starts = ends - np.array([len(s) for s in spans], dtype=np.int64)
+    got = _native.crc32c_spans(data, starts, ends)
+    assert got.dtype == np.uint32 and got.tolist() == [crc32c.crc32c(s) for s in spans]
+
+
+def test_crc32c_spans_outside_the_buffer_or_a_strided_buffer_are_refused() -> None:
+    with pytest.raises(ValueError, match="outside the buffer"):
+        _native.crc32c_spans(b"abc", np.array([2], dtype=np.int64), np.array([4], dtype=np.int64))
+    with pytest.raises(ValueError, match="not contiguous"):
+        _native.crc32c(memoryview(b"abcdef")[::2])
