@@ -144,7 +144,11 @@ fn offset_map_locate<'py>(
         let n = digests.len() / 16;
         let mut slots = Vec::with_capacity(n);
         let mut found = Vec::with_capacity(n);
-        for digest in digests.chunks_exact(16) {
+        for (i, digest) in digests.chunks_exact(16).enumerate() {
+            let ahead = i + offset_map::PREFETCH_DISTANCE;
+            if let Some(next) = digests.get(ahead * 16..(ahead + 1) * 16) {
+                offset_map::prefetch(rows, row_size, slots_per_partition, partitions > 1, next);
+            }
             match offset_map::locate(rows, row_size, slots_per_partition, partitions > 1, digest)? {
                 offset_map::Slot::Found(g) => {
                     slots.push(g as i64);
