@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/spark.py
 	$(BIN)/python bench/vs_kafka.py
 	$(BIN)/python bench/threads.py
+	$(BIN)/python bench/offset_map.py
 
 # Mutation testing of the rule-bearing modules (docs/testing.md); long, not part of `make test`.
 mutation: $(STAMP)
