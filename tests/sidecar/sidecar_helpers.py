@@ -1,6 +1,6 @@
 """Helpers of the sidecar tests: policy files (also mounted like a ConfigMap), a simulated
 broker that appends, rolls, truncates, applies retention and holds the log dir's ``.lock``
-from another process, the sidecar driven by a ``MockTime``, and the real command line.
+from another process (``broker_lock``), the sidecar driven by a ``MockTime``, and the real command line.
 
 Imported as ``sidecar_helpers`` (``tests/sidecar`` is on ``sys.path`` like ``tests/``).
 """
@@ -188,74 +188,6 @@ def partition_entry(doc: dict[str, Any], tp: str) -> dict[str, Any] | None:
     return next((p for p in doc["partitions"] if f"{p['topic']}-{p['partition']}" == tp), None)
 
 
-# -- the broker's .lock, held by another process ----------------------------------------------
-
-_LOCK_SCRIPT = r"""
-import fcntl, os, sys
-created = not os.path.lexists(sys.argv[1])
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o666)
-try:
-    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-except OSError:
-    print("busy", flush=True)
-    sys.exit(3)
-print("locked", flush=True)
-if sys.argv[2] == "hold":
-    sys.stdin.read()
-    # Kafka's FileLock.destroy at a clean shutdown: unlock, then delete the file.
-    fcntl.lockf(fd, fcntl.LOCK_UN)
-    os.unlink(sys.argv[1])
-elif created:  # a probe leaves the directory as it found it
-    os.unlink(sys.argv[1])
-"""
-
-
-class BrokerLock:
-    """A child process holding ``<log_dir>/.lock`` with ``lockf`` (what a broker's
-    ``FileChannel.tryLock`` takes), until ``release``, which deletes the file as Kafka's
-    shutdown does (``FileLock.destroy``)."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.path = Path(log_dir) / ".lock"
-        self.proc: subprocess.Popen[str] | None = None
-
-    def acquire(self) -> BrokerLock:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-P", "-c", _LOCK_SCRIPT, str(self.path), "hold"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        answer = self.proc.stdout.readline().strip()
-        if answer != "locked":
-            self.proc.wait(10)
-            raise AssertionError(f"the simulated broker could not lock {self.path}: {answer!r}")
-        return self
-
-    def release(self) -> None:
-        if self.proc is not None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            self.proc.wait(10)
-            self.proc = None
-
-    def __enter__(self) -> BrokerLock:
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-def lock_is_free_for_another_process(log_dir: Path) -> bool:
-    """Whether a broker starting now could take the log dir's ``.lock``."""
-    out = subprocess.run(
-        [sys.executable, "-P", "-c", _LOCK_SCRIPT, str(Path(log_dir) / ".lock"), "probe"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    return out.stdout.strip() == "locked"
 
 
 # -- a simulated broker ------------------------------------------------------------------------

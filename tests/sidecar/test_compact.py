@@ -7,13 +7,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from broker_lock import BrokerLock, lock_is_free_for_another_process
 from kafka_logs import consumer_view, leftover_files, snapshot_dir
 from sidecar_helpers import (
     ALWAYS,
-    BrokerLock,
     SimBroker,
     finish_pass,
-    lock_is_free_for_another_process,
     new_sidecar,
     next_scan,
     partition_entry,

@@ -13,13 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from broker_lock import BrokerLock, lock_is_free_for_another_process
 from kafka_logs import leftover_files, snapshot_dir
 from sidecar_helpers import (
-    BrokerLock,
     SimBroker,
     finish_pass,
     http_get,
-    lock_is_free_for_another_process,
     new_sidecar,
     next_scan,
     status_of,

@@ -13,10 +13,10 @@ import threading
 from pathlib import Path
 
 import pytest
+from broker_lock import BrokerLock
 from kafka_logs import snapshot_dir
 from sidecar_helpers import (
     SCAN_MS,
-    BrokerLock,
     SimBroker,
     assert_status_matches,
     new_sidecar,

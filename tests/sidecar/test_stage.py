@@ -20,12 +20,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from broker_lock import BrokerLock, lock_is_free_for_another_process
 from faults import StepFaults
 from kafka_logs import consumer_view, leftover_files, snapshot_dir
 from sidecar_helpers import (
-    BrokerLock,
     SimBroker,
-    lock_is_free_for_another_process,
     new_sidecar,
     next_scan,
     status_of,

@@ -14,9 +14,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from broker_lock import BrokerLock
 from sidecar_helpers import (
     KAFKA_CLEANER,
-    BrokerLock,
     new_sidecar,
     next_scan,
     write_policy,
