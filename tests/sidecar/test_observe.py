@@ -9,12 +9,14 @@ import os
 import random
 import shutil
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
 import pytest
 from broker_lock import BrokerLock
 from kafka_logs import snapshot_dir
+from run_as import as_user
 from sidecar_helpers import (
     SCAN_MS,
     SimBroker,
@@ -26,7 +28,6 @@ from sidecar_helpers import (
 )
 
 from cleaner.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
-from cleaner.storage.log import Log
 from cleaner.storage.topic_partition import parse_partition_dir
 
 
@@ -369,27 +370,43 @@ def test_facts_follow_a_truncation_and_regrowth_between_two_scans(tmp_path: Path
     broker.close()
 
 
-def test_observe_mode_reads_logs_it_cannot_write(tmp_path: Path, make_log_dir) -> None:
+def test_observe_mode_reads_logs_it_cannot_write(make_log_dir, request: pytest.FixtureRequest) -> None:
     """The operator mounts the data volume read-only in observe mode: the scans work on a
-    directory tree without any write permission."""
-    if os.geteuid() == 0:
-        pytest.skip("root ignores file permissions")
-    data = make_log_dir(topics=1, partitions=2)
-    modes = {}
-    for root, dirs, names in os.walk(data):
-        for n in [*dirs, *names]:
-            p = Path(root) / n
-            modes[p] = p.stat().st_mode
-    try:
-        for p in sorted(modes, key=lambda p: -len(p.parts)):
-            p.chmod(modes[p] & ~0o222)
-        data.chmod(data.stat().st_mode & ~0o222)
-        sc = new_sidecar(write_policy(tmp_path / "policy.yaml"), [data])
-        sc.tick()
-        doc = status_of(sc)
-        assert doc["errors"] == [] and len(sc.snapshot.statuses) == 2
-        assert Log.open(data / "topic-0-0", read_only=True).segments
-    finally:
-        data.chmod(0o755)
+    tree the sidecar may not write. As root (CI) the sidecar runs as uid 65534 on files of
+    the broker's uid 1001 (directories 0755, files 0644); otherwise every write bit is
+    dropped. Either way it reports every partition, no error, and nothing changes."""
+    # Under a directory every uid may traverse (pytest's tmp_path is root's alone).
+    shared = Path(tempfile.mkdtemp(prefix="kafka-cleaner-ro-"))
+    shared.chmod(0o755)
+    data = shutil.move(make_log_dir(topics=1, partitions=2), shared / "kafka-logs")
+    policy = write_policy(shared / "policy.yaml")
+    policy.chmod(0o644)
+    tree = [Path(root) / n for root, dirs, names in os.walk(data) for n in [*dirs, *names]]
+    modes = {p: p.stat().st_mode for p in [data, *tree]}
+
+    def restore() -> None:
         for p, mode in modes.items():
             p.chmod(mode)
+        shutil.rmtree(shared, ignore_errors=True)
+
+    request.addfinalizer(restore)
+    if os.geteuid() == 0:
+        for p in [data, *tree]:
+            os.chown(p, 1001, 1001)
+            p.chmod(0o755 if p.is_dir() else 0o644)
+    else:
+        for p in sorted(modes, key=lambda p: -len(p.parts)):
+            p.chmod(modes[p] & ~0o222)
+    before = snapshot_dir(data)
+
+    def observe() -> dict:
+        assert not os.access(data / "topic-0-0", os.W_OK), "the scan would not prove anything"
+        sc = new_sidecar(policy, [data])
+        sc.tick()
+        doc = status_of(sc)
+        dirty = doc["topics"][0]["dirtyBytes"]
+        return {"errors": doc["errors"], "partitions": len(sc.snapshot.statuses), "dirtyBytes": dirty}
+
+    got = as_user(65534, 65534, [], observe) if os.geteuid() == 0 else observe()
+    assert got["errors"] == [] and got["partitions"] == 2 and got["dirtyBytes"] > 0, got
+    assert snapshot_dir(data) == before

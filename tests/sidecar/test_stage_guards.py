@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from broker_lock import BrokerLock
+from run_as import as_user
 from sidecar_helpers import (
     KAFKA_CLEANER,
     new_sidecar,
@@ -119,33 +120,6 @@ def test_when_free_disk_falls_the_largest_staged_sets_go_first(
         assert len(messages) == 2
 
 
-def _as_user(uid: int, gid: int, groups: list[int], work) -> dict:
-    """``work()`` in a forked child running as ``uid``/``gid`` with ``groups``; returns
-    its JSON-able result. (The console script cannot run as another uid here: the
-    interpreter lives under /root.)"""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 0
-        try:
-            os.close(r)
-            os.setgroups(groups)
-            os.setgid(gid)
-            os.setuid(uid)
-            out = json.dumps(work()).encode()
-        except BaseException as e:
-            out, code = json.dumps({"error": repr(e)}).encode(), 1
-        os.write(w, out)
-        os._exit(code)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    result = json.loads(data)
-    assert os.waitstatus_to_exitcode(status) == 0, result
-    return result
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the sidecar as another uid")
 def test_a_uid_the_broker_files_do_not_belong_to_is_refused(make_log_dir, request: pytest.FixtureRequest) -> None:
     """The broker's files belong to uid/gid 1001 (Strimzi, Bitnami). A sidecar running as
@@ -174,7 +148,7 @@ def test_a_uid_the_broker_files_do_not_belong_to_is_refused(make_log_dir, reques
 
     with BrokerLock(data):
         os.chmod(data / "topic-0-0", 0o777)  # writable, but the files would not be the broker's group's
-        doc = _as_user(65532, 65532, [], run_sidecar)
+        doc = as_user(65532, 65532, [], run_sidecar)
         refused = _refused(doc)
         assert set(refused) == {"topic-0-0", "topic-0-1"}, json.dumps(doc["stage"], indent=1)
         assert "uid 65532" in refused["topic-0-0"] and "group 65532" in refused["topic-0-0"]
@@ -183,7 +157,7 @@ def test_a_uid_the_broker_files_do_not_belong_to_is_refused(make_log_dir, reques
         assert not any(stage.area(p).exists() for p in data.iterdir() if p.is_dir())
 
         os.chmod(data / "topic-0-0", 0o775)
-        doc = _as_user(65532, 65532, [1001], run_sidecar)
+        doc = as_user(65532, 65532, [1001], run_sidecar)
     assert doc["stage"]["refused"] == [] and doc["stage"]["sets"] == 2, json.dumps(doc["stage"], indent=1)
     for pdir in (p for p in data.iterdir() if p.is_dir()):
         for d in (stage.area(pdir), stage.set_dir(pdir)):
