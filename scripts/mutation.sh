@@ -17,6 +17,8 @@ if [[ "${MUTATION_FRESH:-0}" == 1 || ! -f $session ]]; then
     mkdir -p "$tree"
     (cd "$root" && git ls-files -z --cached --others --exclude-standard | grep -z -E '^(cleaner|tests|scripts)/|^pyproject.toml$' \
         | xargs -0 cp --parents -t "$tree")
+    # The compiled core is a build product git does not list: the copy imports the same one.
+    cp "$root"/cleaner/_native*.so "$tree/cleaner/"
     config=$tree/scripts/mutation.toml
     if [[ -n "${MUTATION_MODULES:-}" ]]; then
         python3 - "$config" $MUTATION_MODULES <<'PY'
