@@ -21,6 +21,7 @@ import click
 
 from cleaner.clock import SYSTEM_TIME
 from cleaner.commands import EXIT_LOCKED, EXIT_OK, EXIT_USAGE, load_policy_or_exit
+from cleaner.output import binary_bytes
 from cleaner.storage.log_dir import is_kafka_log_dir
 
 from . import stage
@@ -53,7 +54,9 @@ def status_command(log_dirs: tuple[Path, ...], policy_path: Path, as_json: bool)
         click.echo(json.dumps({"partitions": report}, indent=2))
         return
     for e in report:
-        extra = f"  [{e['baseOffset']}, {e['nextOffset']}) {e['stagedBytes']} bytes" if "baseOffset" in e else ""
+        extra = ""
+        if "baseOffset" in e:
+            extra = f"  [{e['baseOffset']}, {e['nextOffset']}) {binary_bytes(e['stagedBytes'])}"
         click.echo(f"{e['partition']}\t{e['state']}{extra}" + (f"\t{e['reason']}" if e.get("reason") else ""))
 
 
@@ -86,7 +89,7 @@ def commit_command(log_dirs: tuple[Path, ...], max_seconds: int) -> None:
             click.echo(f"{tp}: --max-seconds ran out; the set stays staged")
         reclaimed = sum(b for _, b in report.committed)
         click.echo(
-            f"{d}: committed {len(report.committed)} set(s), {reclaimed} bytes reclaimed; "
+            f"{d}: committed {len(report.committed)} set(s), {binary_bytes(reclaimed)} reclaimed; "
             f"deleted {len(report.deleted)} stale set(s)"
         )
     sys.exit(code)
