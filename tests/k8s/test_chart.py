@@ -8,7 +8,6 @@ import base64
 import json
 import pathlib
 import re
-import shutil
 import subprocess
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -344,75 +343,6 @@ def test_cert_manager_injects_the_ca(helm_template: Render) -> None:
 # -------------------------------------------------------------------------------------------
 # Monitoring
 # -------------------------------------------------------------------------------------------
-
-
-def rule_file(helm_template: Render, tmp_path: pathlib.Path, *, annotations: bool = True) -> pathlib.Path:
-    [rule] = by_kind(helm_template(ALL_ON), "PrometheusRule")
-    groups = rule["spec"]["groups"]
-    if not annotations:  # the firing tests check labels and timing, not the wording
-        groups = [{**g, "rules": [{k: v for k, v in r.items() if k != "annotations"} for r in g["rules"]]}
-                  for g in groups]
-    path = tmp_path / "rules.yaml"
-    path.write_text(yaml.safe_dump({"groups": groups}))
-    return path
-
-
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
-def test_alert_rules_pass_promtool(helm_template: Render, tmp_path: pathlib.Path) -> None:
-    path = rule_file(helm_template, tmp_path)
-    result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
-    names = {r["alert"] for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"]}
-    assert {"KafkaCleanerDeadThreads", "KafkaCleanerUncleanablePartitions", "KafkaCleanerNotRunning",
-            "KafkaCleanerCompactionDelay", "KafkaCleanerReportsStale", "KafkaCleanerSidecarDown",
-            "KafkaCleanerHangingTransaction"} <= names
-
-
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
-def test_alerts_fire_on_the_sidecar_metrics(helm_template: Render, tmp_path: pathlib.Path) -> None:
-    """promtool's rule unit tests: synthetic series of the sidecars' metric names fire each alert
-    after its ``for``, and healthy series fire nothing."""
-    path = rule_file(helm_template, tmp_path, annotations=False)
-    pod = 'namespace="kafka",pod="kafka-0"'
-    tests = {"rule_files": [str(path)], "evaluation_interval": "1m", "tests": [{
-        "interval": "1m",
-        "input_series": [
-            {"series": f"kafka_cleaner_dead_threads{{{pod}}}", "values": "0 1x20"},
-            {"series": f'kafka_cleaner_uncleanable_partitions{{{pod},log_dir="/var/lib/kafka/data"}}',
-             "values": "2x20"},
-            {"series": f"kafka_cleaner_time_since_last_run_seconds{{{pod}}}", "values": "90000x30"},
-            {"series": f"kafka_cleaner_max_compaction_delay_seconds{{{pod}}}", "values": "0x30"},
-            {"series": 'kafka_cleaner_operator_stale_brokers{namespace="kafka",policy="offsets"}', "values": "1x10"},
-            {"series": f'kafka_cleaner_lso_holder_age_seconds{{{pod},topic="orders",partition="3",'
-                       f'producer_id="4001",producer_epoch="2"}}', "values": "600+60x20"},
-            {"series": f'kafka_cleaner_lso_holder_age_seconds{{{pod},topic="orders",partition="4",'
-                       f'producer_id="4002",producer_epoch="0"}}', "values": "60+60x20"},
-        ],
-        "alert_rule_test": [
-            {"eval_time": "4m", "alertname": "KafkaCleanerDeadThreads", "exp_alerts": []},
-            {"eval_time": "7m", "alertname": "KafkaCleanerDeadThreads", "exp_alerts": [
-                {"exp_labels": {"severity": "critical", "namespace": "kafka", "pod": "kafka-0"}}]},
-            {"eval_time": "9m", "alertname": "KafkaCleanerUncleanablePartitions", "exp_alerts": []},
-            {"eval_time": "11m", "alertname": "KafkaCleanerUncleanablePartitions", "exp_alerts": [
-                {"exp_labels": {"severity": "warning", "namespace": "kafka", "pod": "kafka-0",
-                                "log_dir": "/var/lib/kafka/data"}}]},
-            {"eval_time": "16m", "alertname": "KafkaCleanerNotRunning", "exp_alerts": [
-                {"exp_labels": {"severity": "warning", "namespace": "kafka", "pod": "kafka-0"}}]},
-            {"eval_time": "16m", "alertname": "KafkaCleanerCompactionDelay", "exp_alerts": []},
-            # 600 s + 60 s a minute passes 900 s after 5 minutes, then 5 minutes "for": fires at 11m; the
-            # young transaction (60 s at 0m) is at 900 s only at 14m.
-            {"eval_time": "10m", "alertname": "KafkaCleanerHangingTransaction", "exp_alerts": []},
-            {"eval_time": "11m", "alertname": "KafkaCleanerHangingTransaction", "exp_alerts": [
-                {"exp_labels": {"severity": "warning", "namespace": "kafka", "pod": "kafka-0", "topic": "orders",
-                                "partition": "3", "producer_id": "4001", "producer_epoch": "2"}}]},
-            {"eval_time": "6m", "alertname": "KafkaCleanerReportsStale", "exp_alerts": [
-                {"exp_labels": {"severity": "warning", "namespace": "kafka", "policy": "offsets"}}]},
-        ]}]}
-    test_path = tmp_path / "tests.yaml"
-    test_path.write_text(yaml.safe_dump(tests))
-    result = subprocess.run(["promtool", "test", "rules", str(test_path)], capture_output=True, text=True,
-                            timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_the_grafana_dashboard(helm_template: Render) -> None:
