@@ -30,7 +30,10 @@ ALL_ON: dict[str, Any] = {
     "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True},
                 "prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
     "networkPolicy": {"enabled": True, "brokerNamespaces": ["kafka"],
-                      "brokerPodSelector": {"matchLabels": {"strimzi.io/kind": "Kafka"}}},
+                      "brokerPodSelector": {"matchLabels": {"strimzi.io/kind": "Kafka"}},
+                      "prometheusPeers": [{"namespaceSelector": {"matchLabels": {
+                          "kubernetes.io/metadata.name": "monitoring"}},
+                          "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]},
 }
 VARIANTS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -361,14 +364,24 @@ def test_the_grafana_dashboard(helm_template: Render) -> None:
 def test_monitors_and_network_policy(helm_template: Render) -> None:
     objects = helm_template(ALL_ON)
     [service_monitor] = by_kind(objects, "ServiceMonitor")
-    assert service_monitor["spec"]["endpoints"][0]["port"] == "http-metrics"
+    [endpoint] = service_monitor["spec"]["endpoints"]
+    # The operator's series carry the policy's namespace: kept, not renamed exported_namespace.
+    assert endpoint["port"] == "http-metrics" and endpoint["honorLabels"] is True
     [pod_monitor] = by_kind(objects, "PodMonitor")
-    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "cleaner-metrics"
+    [pod_endpoint] = pod_monitor["spec"]["podMetricsEndpoints"]
+    assert pod_endpoint["port"] == "cleaner-metrics" and pod_endpoint["honorLabels"] is False
     assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
     [policy] = by_kind(objects, "NetworkPolicy")
     assert policy["metadata"]["namespace"] == "kafka"
     assert policy["spec"]["podSelector"] == {"matchLabels": {"strimzi.io/kind": "Kafka"}}
-    rule = policy["spec"]["ingress"][0]
-    assert rule["ports"] == [{"protocol": "TCP", "port": 9410}]
-    assert rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "kafka-cleaner-operator"
-    assert rule["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "default"}
+    operator_rule, prometheus_rule = policy["spec"]["ingress"]
+    assert operator_rule["ports"] == prometheus_rule["ports"] == [{"protocol": "TCP", "port": 9410}]
+    assert operator_rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == \
+        "kafka-cleaner-operator"
+    assert operator_rule["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "default"}
+    assert prometheus_rule["from"] == ALL_ON["networkPolicy"]["prometheusPeers"]
+    # Without peers only the operator is admitted.
+    values = {**ALL_ON, "networkPolicy": {**ALL_ON["networkPolicy"], "prometheusPeers": []}}
+    [alone] = by_kind(helm_template(values), "NetworkPolicy")
+    assert len(alone["spec"]["ingress"]) == 1
+
