@@ -136,6 +136,9 @@ def test_rendered_manifests_are_valid_kubernetes_objects(variant: str, helm_temp
     ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "interval"),
     ({"imagePullPolicy": "Always"}, "imagePullPolicy"),
     ({"image": {"digest": "sha1:abc"}}, "image.digest"),
+    ({"podDisruptionBudget": {"maxUnavailable": "lots"}}, "podDisruptionBudget.maxUnavailable"),
+    ({"metrics": {"prometheusRule": {"runbookBaseUrl": "docs/runbooks.md"}}}, "runbookBaseUrl"),
+    ({"networkPolicy": {"prometheusPeers": [{"pods": "prometheus"}]}}, "prometheusPeers"),
 ])
 def test_the_values_schema_rejects_bad_values(values: dict[str, Any], error: str, tmp_path: pathlib.Path) -> None:
     path = tmp_path / "values.yaml"
@@ -333,6 +336,31 @@ def test_the_webhook_configuration_reaches_the_handler(helm_template: Render) ->
     assert {"name": "webhook-tls", "secret": {"secretName": secret["metadata"]["name"]}} in volumes
 
 
+def test_kubernetes_older_than_1_28_is_refused_by_name() -> None:
+    """The CRD's CEL rules use fieldPath (Kubernetes 1.28)."""
+    refused = helm("template", "x", str(CHART), "--kube-version", "1.27.9", check=False)
+    assert refused.returncode != 0 and ">=1.28.0-0" in refused.stderr, refused.stderr
+    helm("template", "x", str(CHART), "--kube-version", "1.28.0")
+
+
+def test_cert_manager_renders_the_same_every_time(tmp_path: pathlib.Path) -> None:
+    """GitOps (Argo CD renders with helm template, where lookup finds nothing): Helm's own
+    certificate is a new CA at every render, so the app would never be in sync; with
+    cert-manager two renders are identical."""
+    def render(values: dict[str, Any]) -> str:
+        path = tmp_path / "values.yaml"
+        path.write_text(yaml.safe_dump(values))
+        return helm("template", "x", str(CHART), "-f", str(path)).stdout
+
+    helm_generated = {"webhook": {"enabled": True}}
+    assert render(helm_generated) != render(helm_generated)
+    for values in ({"webhook": {"enabled": True, "certManager": {"enabled": True}}},
+                   {"webhook": {"enabled": True, "certManager": {"enabled": True, "issuerRef": {
+                       "name": "internal-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}}}},
+                   VARIANTS["webhook-existing-secret"]):
+        assert render(values) == render(values), values
+
+
 def test_cert_manager_injects_the_ca(helm_template: Render) -> None:
     objects = helm_template({"webhook": {"enabled": True, "certManager": {"enabled": True}}})
     [config] = by_kind(objects, "MutatingWebhookConfiguration")
@@ -341,6 +369,34 @@ def test_cert_manager_injects_the_ca(helm_template: Render) -> None:
     [certificate] = by_kind(objects, "Certificate")
     assert "kco-kafka-cleaner-operator.default.svc" in certificate["spec"]["dnsNames"]
     assert by_kind(objects, "Issuer") and not by_kind(objects, "Secret")
+    assert "caBundle" not in config["webhooks"][0]["clientConfig"]  # cert-manager's CA injector owns it
+    [deployment] = by_kind(objects, "Deployment")
+    assert {"name": "webhook-tls", "secret": {"secretName": certificate["spec"]["secretName"]}} in \
+        deployment["spec"]["template"]["spec"]["volumes"]
+    issuer = {"name": "internal-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+    objects = helm_template({"webhook": {"enabled": True, "certManager": {"enabled": True, "issuerRef": issuer}}})
+    [certificate] = by_kind(objects, "Certificate")
+    assert certificate["spec"]["issuerRef"] == issuer and not by_kind(objects, "Issuer")
+
+
+# -------------------------------------------------------------------------------------------
+# High availability
+# -------------------------------------------------------------------------------------------
+
+
+def test_several_replicas_get_a_disruption_budget(helm_template: Render) -> None:
+    objects = helm_template(ALL_ON)
+    [budget] = by_kind(objects, "PodDisruptionBudget")
+    [deployment] = by_kind(objects, "Deployment")
+    assert budget["spec"]["selector"] == deployment["spec"]["selector"]
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"  # a crash loop never blocks a drain
+    # One replica: a budget could only block node drains. Or turned off.
+    assert not by_kind(helm_template({}), "PodDisruptionBudget")
+    assert not by_kind(helm_template({**ALL_ON, "podDisruptionBudget": {"enabled": False}}), "PodDisruptionBudget")
+    [percent] = by_kind(helm_template({**ALL_ON, "podDisruptionBudget": {"maxUnavailable": "50%"}}),
+                        "PodDisruptionBudget")
+    assert percent["spec"]["maxUnavailable"] == "50%"
 
 
 # -------------------------------------------------------------------------------------------
