@@ -15,6 +15,11 @@ from typing import Any
 
 import pytest
 import yaml
+from compaction_operator import metrics as operator_metrics
+from prometheus_client import CollectorRegistry
+
+from cleaner.sidecar.metrics import CleanerGauges, SidecarMetrics
+from cleaner.sidecar.report import LogDirInfo, ScanSnapshot
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RUNBOOKS = REPO / "docs" / "runbooks.md"
@@ -81,6 +86,37 @@ def test_every_alert_links_its_runbook_section(helm_template: Render) -> None:
             assert url == f"{expected_base}#{name.lower()}", url
             assert name.lower() in headings, f"docs/runbooks.md has no section ## {name}"
     assert headings == {name.lower() for name in ALL_ALERTS}, "a runbook section without its alert"
+
+
+#: Operator metrics the alerts read that other work adds (the rollout issue's stalled rollouts,
+#: the divergence report of issue 14), with the labels namespace and policy.
+PENDING_OPERATOR_METRICS = {"kafka_cleaner_operator_rollout_stalled", "kafka_cleaner_operator_diverging_partitions"}
+KUBE_STATE_METRICS = {"kube_pod_container_status_restarts_total"}
+
+
+def exported_names(registry: CollectorRegistry) -> set[str]:
+    names = set()
+    for family in registry.collect():
+        names.add(family.name)
+        names.update(sample.name for sample in family.samples)
+        if family.type == "counter":
+            names.add(family.name + "_total")
+    return names
+
+
+def test_every_metric_an_alert_reads_is_exported(helm_template: Render) -> None:
+    """A misspelt metric name would make an alert silent forever: each name in the expressions
+    is one the sidecar (stage mode, after a scan) or the operator exports, kube-state-metrics'
+    restart counter, or one of the operator metrics other work adds."""
+    gauges = CleanerGauges(policy_generation=1, stage_min_free_disk_ratio=0.2)
+    snapshot = ScanSnapshot(scanned_at_ms=0, log_dirs=[LogDirInfo("/var/lib/kafka/data", free_bytes=1, total_bytes=4)])
+    sidecar = SidecarMetrics(lambda: snapshot, lambda: gauges, lambda topic: False, lambda: 0)
+    known = exported_names(sidecar.registry) | exported_names(operator_metrics.REGISTRY) | KUBE_STATE_METRICS
+    assert {"kafka_cleaner_cleaner_thread_deaths_total", "kafka_cleaner_log_dir_free_ratio",
+            "kafka_cleaner_stage_min_free_disk_ratio", "kafka_cleaner_operator_leader"} <= known
+    read = {name for rule in alerts(rules(helm_template)).values()
+            for name in re.findall(r"\b(kafka_cleaner_\w+|kube_\w+)\b", rule["expr"])}
+    assert read - known - PENDING_OPERATOR_METRICS == set()
 
 
 def test_alerts_that_need_a_monitor_come_with_it(helm_template: Render) -> None:
