@@ -411,7 +411,7 @@ def test_the_grafana_dashboard(helm_template: Render) -> None:
     dashboard = json.loads(configmap["data"]["kafka-cleaner.json"])
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     for metric in ("kafka_cleaner_max_dirty_ratio", "kafka_cleaner_uncleanable_partitions",
-                   "kafka_cleaner_dead_threads", "kafka_cleaner_time_since_last_run_seconds",
+                   "kafka_cleaner_cleaner_thread_deaths_total", "kafka_cleaner_time_since_last_run_seconds",
                    "kafka_cleaner_operator_stale_brokers"):
         assert any(metric in e for e in exprs), metric
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
