@@ -98,6 +98,8 @@ class CleanerThread(threading.Thread):
         except BaseException:
             log.exception("%s: Error due to", self.name)
             self.dead = True
+            with self.pool._results_lock:
+                self.pool.dead_thread_total += 1
 
     def do_work(self) -> bool:
         manager = self.pool.manager
@@ -198,6 +200,8 @@ class LogCleaner:
         self._on_uncleanable = on_uncleanable
         self._results_lock = threading.Lock()
         self.dead_thread_total = 0
+        """Threads that died since the pool was made: a restart or a reconfiguration revives
+        them, and this still counts them (the sidecar's ``cleaner_thread_deaths`` counter)."""
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -234,7 +238,6 @@ class LogCleaner:
         restarted = 0
         for i, t in enumerate(self.threads):
             if t.dead or (not t.is_alive() and not t.idle and not t._shutdown.is_set()):
-                self.dead_thread_total += 1
                 replacement = CleanerThread(self, t.thread_id)
                 self.threads[i] = replacement
                 replacement.start()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from cleaner.engine.log_cleaner import CleanResult
@@ -33,6 +33,12 @@ class CleanerGauges:
     max_clean_time_seconds: float = 0.0
     max_compaction_delay_seconds: float = 0.0
     dead_threads: int = 0
+    thread_deaths: int = 0
+    """Cleaner threads that died since the sidecar started (a counter: each compact pass has
+    new threads, so ``dead_threads`` is back at 0 at the next pass; this is what alerts use)."""
+    stage_min_free_disk_ratio: float | None = None
+    """Stage mode's ``stage.minFreeDiskRatio``: below it no set is staged and staged sets are
+    deleted, largest first."""
     time_since_last_run_seconds: float = 0.0
     policy_generation: int | None = None
 
@@ -121,7 +127,21 @@ class _LogCollector(Collector):
             "How far past max.compaction.lag.ms the oldest dirty data is",
             max(g.max_compaction_delay_seconds, (snap.max_compaction_delay_ms / 1000.0) if snap else 0.0),
         )
-        yield gauge("dead_threads", "Cleaner threads that died of an unexpected error", g.dead_threads)
+        yield gauge(
+            "dead_threads", "Cleaner threads of the current pass that died of an unexpected error", g.dead_threads
+        )
+        deaths = CounterMetricFamily(
+            PREFIX + "cleaner_thread_deaths",
+            "Cleaner threads that died of an unexpected error since the sidecar started",
+        )
+        deaths.add_metric([], g.thread_deaths)
+        yield deaths
+        if g.stage_min_free_disk_ratio is not None:
+            yield gauge(
+                "stage_min_free_disk_ratio",
+                "stage.minFreeDiskRatio: below it nothing is staged and staged sets are deleted",
+                g.stage_min_free_disk_ratio,
+            )
         yield gauge(
             "time_since_last_run_seconds", "Seconds since the cleaner last chose a log", g.time_since_last_run_seconds
         )
@@ -142,13 +162,21 @@ class _LogCollector(Collector):
         free = GaugeMetricFamily(
             PREFIX + "log_dir_free_bytes", "Free bytes on the log dir's filesystem", labels=["log_dir"]
         )
+        free_ratio = GaugeMetricFamily(
+            PREFIX + "log_dir_free_ratio",
+            "Free bytes / size of the log dir's filesystem (0..1; compare stage_min_free_disk_ratio)",
+            labels=["log_dir"],
+        )
         for d in snap.log_dirs:
             uncleanable.add_metric([d.path], d.uncleanable_partitions)
             uncleanable_bytes.add_metric([d.path], d.uncleanable_bytes)
             free.add_metric([d.path], d.free_bytes)
+            if d.total_bytes > 0:  # 0: the filesystem could not be read
+                free_ratio.add_metric([d.path], d.free_bytes / d.total_bytes)
         yield uncleanable
         yield uncleanable_bytes
         yield free
+        yield free_ratio
         per_topic = {
             "topic_dirty_bytes": ("Bytes after the clean section (cleanable and not yet cleanable)", "dirty_bytes"),
             "topic_cleanable_bytes": ("Bytes the cleaner may clean now", "cleanable_bytes"),

@@ -474,8 +474,12 @@ class Sidecar:
         return self.policy.reporting.max_partition_series if self.policy else 0
 
     def healthy(self) -> bool:
-        g = self._gauges()
-        return self._loop_alive and g.dead_threads == 0
+        """The liveness probe's answer: false only when the sidecar's own loop has died, which
+        nothing but a restart mends. Dead cleaner threads do not count: the next compact pass
+        starts new threads anyway, and a restart would reset the counters the
+        KafkaCleanerDeadThreads alert reads (``kafka_cleaner_cleaner_thread_deaths_total``), so
+        the alert could never fire; ``/status`` names the error that killed them."""
+        return self._loop_alive
 
     def record_clean(self, result: CleanResult) -> None:
         self.metrics.record_clean(result)
@@ -644,6 +648,11 @@ class _CompactController(_Controller):
         self.manager: LogCleanerManager | None = None
         self._next_attempt_ms = 0
         self._dead_threads = 0
+        self._thread_deaths = 0
+        """Threads of finished passes that died (the current pass's are added at scrape time)."""
+        self._deaths_lock = threading.Lock()
+        """A scrape never sees the counter dip (or double) while a pass ends: Prometheus would
+        read a dip as a restart."""
         self._abort = threading.Event()
         """Set when the pass must end: a throttled thread stops sleeping."""
         self._marks: dict[tuple[str, TopicPartition], tuple[int, str]] = {}
@@ -785,7 +794,10 @@ class _CompactController(_Controller):
         """Stop the pass's threads (in-flight cleans abort at their next check and delete
         their ``.cleaned`` files) and release the locks. One deadline for all threads:
         SIGTERM must end the process within 10 s whatever ``cleaner.threads`` is."""
-        pool, self.pool = self.pool, None
+        with self._deaths_lock:
+            pool, self.pool = self.pool, None
+            if pool is not None:
+                self._thread_deaths += pool.dead_thread_total
         self._abort.set()
         if pool is not None:
             for t in pool.threads:
@@ -813,7 +825,9 @@ class _CompactController(_Controller):
         return set(self.locks)
 
     def fill_gauges(self, gauges: CleanerGauges) -> None:
-        pool = self.pool
+        with self._deaths_lock:
+            pool = self.pool
+            gauges.thread_deaths = self._thread_deaths + (pool.dead_thread_total if pool else 0)
         gauges.dead_threads = pool.dead_thread_count if pool else self._dead_threads
         if pool is not None:
             gauges.max_buffer_utilization = pool.max_buffer_utilization()
@@ -1056,6 +1070,11 @@ class _StageController(_Controller):
                 self.commit(deadline, "termination")
         except (KafkaCleanerError, OSError) as e:
             log.warning("stage mode's last step failed: %s", e)
+
+    def fill_gauges(self, gauges: CleanerGauges) -> None:
+        policy = self.sidecar.policy
+        if policy is not None:
+            gauges.stage_min_free_disk_ratio = policy.stage.min_free_disk_ratio
 
     def staged_bytes(self) -> dict[TopicPartition, int]:
         return {key[1]: s.staged_bytes for key, s in self.sets.items()}

@@ -7,12 +7,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from broker_lock import BrokerLock, lock_is_free_for_another_process
 from kafka_logs import consumer_view, leftover_files, snapshot_dir
 from sidecar_helpers import (
     ALWAYS,
     SimBroker,
     finish_pass,
+    http_get,
     new_sidecar,
     next_scan,
     partition_entry,
@@ -20,6 +22,7 @@ from sidecar_helpers import (
     write_policy,
 )
 
+from cleaner.engine.manager import LogCleanerManager
 from cleaner.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 
 EAGER = [{"match": "topic-.*", "cleanupPolicy": "compact", "minCleanableDirtyRatio": 0.01}]
@@ -140,3 +143,44 @@ def test_pause_releases_the_locks(tmp_path: Path, make_log_dir) -> None:
         pass
     doc = next_scan(sc, 2_000)
     assert doc["cleaner"]["state"] == "paused" and lock_is_free_for_another_process(data)
+
+
+def test_a_dead_cleaner_thread_is_counted_and_never_fails_the_liveness_probe(
+    tmp_path: Path, make_log_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cleaner thread that dies leaves /healthz at 200 (a restart of the sidecar would reset
+    what KafkaCleanerDeadThreads reads), and kafka_cleaner_cleaner_thread_deaths_total keeps
+    counting it after the next pass has new threads and the dead_threads gauge is back at 0."""
+    data = make_log_dir(topics=1, partitions=2, records=2_000, keys=100)
+    real = LogCleanerManager.grab_filthiest_compacted_log
+    failures = {"left": 1}
+
+    def flaky(self: LogCleanerManager, now: int, pre_stats: object = None) -> object:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("injected: not a partition's fault")
+        return real(self, now, pre_stats)
+
+    monkeypatch.setattr(LogCleanerManager, "grab_filthiest_compacted_log", flaky)
+    policy = write_policy(tmp_path / "policy.yaml", mode="compact", topics=EAGER, compact=ALWAYS,
+                          cleaner={"threads": 1})
+    sc = new_sidecar(policy, [data], scan_ms=1_000)
+    host, port = sc.serve()
+    registry = sc.metrics.registry
+    try:
+        next_scan(sc, 1_000)  # the pass starts; its only thread dies
+        finish_pass(sc)
+        assert failures["left"] == 0
+        assert status_of(sc)["cleaner"]["deadThreads"] == 1
+        assert registry.get_sample_value("kafka_cleaner_dead_threads") == 1
+        assert registry.get_sample_value("kafka_cleaner_cleaner_thread_deaths_total") == 1
+        assert http_get(f"http://{host}:{port}/healthz")[0] == 200
+
+        next_scan(sc, 60_000)  # past the back-off: a new pass, new threads, which clean
+        finish_pass(sc)
+        assert registry.get_sample_value("kafka_cleaner_cleanings_total", {"result": "success"}) >= 1
+        assert registry.get_sample_value("kafka_cleaner_dead_threads") == 0
+        assert registry.get_sample_value("kafka_cleaner_cleaner_thread_deaths_total") == 1
+        assert http_get(f"http://{host}:{port}/healthz")[0] == 200
+    finally:
+        sc.stop()

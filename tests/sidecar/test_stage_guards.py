@@ -76,6 +76,14 @@ def test_disk_pressure_refuses_staging_and_writes_nothing(tmp_path: Path, make_l
         assert any("stage.minFreeDiskRatio" in why for why in _refused(doc).values()), doc["stage"]
         assert _areas(data) == set()
         assert doc["cleaner"]["state"] != "error"
+        # What the KafkaCleanerStageDiskLow alert compares: the log dir's free ratio (the scan's
+        # statvfs) against the policy's floor.
+        registry = sc.metrics.registry
+        assert registry.get_sample_value("kafka_cleaner_stage_min_free_disk_ratio") == 1.0
+        usage = shutil.disk_usage(data)
+        free_ratio = registry.get_sample_value("kafka_cleaner_log_dir_free_ratio", {"log_dir": str(data)})
+        assert free_ratio == pytest.approx(doc["logDirs"][0]["freeBytes"] / usage.total)
+        assert 0.0 <= free_ratio < 1.0
 
 
 class FakeDisk:

@@ -76,6 +76,11 @@ app.kubernetes.io/part-of: kafka-cleaner
 {{- join "," $parts }}
 {{- end }}
 
+{{/* An alert's runbook: its section (the lower-cased alert name is the heading's anchor). */}}
+{{- define "kco.runbookUrl" -}}
+{{- printf "%s#%s" (trimSuffix "/" .root.Values.metrics.prometheusRule.runbookBaseUrl) (lower .alert) }}
+{{- end }}
+
 {{/* Namespaces of the broker pods, for the PodMonitor and the NetworkPolicy. */}}
 {{- define "kco.brokerNamespaces" -}}
 {{- $ns := .explicit }}
