@@ -644,9 +644,10 @@ class _PartitionWriter:
 
         # Per-record columns.
         key_ids = self.key_of_rank[self._draw_ranks(rng.random(n))]
-        # A tombstone deletes a key that exists: one written in an earlier chunk (so the
-        # first chunk of a partition has none; later chunks make up for it).
-        eligible = self.seen[key_ids]
+        # A tombstone deletes a key that exists: one written in an earlier chunk, or earlier
+        # in this one (a partition of one chunk, the common small case, gets its share too).
+        _, first_in_chunk, which = np.unique(key_ids, return_index=True, return_inverse=True)
+        eligible = self.seen[key_ids] | (first_in_chunk[which] < np.arange(n))
         wanted = config.tombstones * (self.next_record + n) - self.tombstones
         share = wanted / max(int(eligible.sum()), 1)
         tombstone = eligible & (rng.random(n) < min(max(share, 0.0), 1.0))
