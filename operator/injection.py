@@ -36,6 +36,7 @@ from cleaner.config import LabelSelector, Mode, Policy
 
 __all__ = [
     "CONFIGMAP_KEY",
+    "DEFAULT_RESOURCES",
     "NATIVE_SIDECARS_SINCE",
     "POLICY_ANNOTATION",
     "POLICY_DIR",
@@ -54,6 +55,7 @@ __all__ = [
     "inject_into_pod",
     "label_selector_string",
     "removal_patch",
+    "resources",
     "security_context",
     "selector_matches",
     "sidecar_args",
@@ -81,6 +83,17 @@ RESTRICTED_SECURITY_CONTEXT: dict[str, Any] = {
     "readOnlyRootFilesystem": True,
     "runAsNonRoot": True,
     "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+#: The sidecar's resources when the policy sets none: requests equal to limits for both CPU and
+#: memory, so that a broker pod whose own containers are Guaranteed stays Guaranteed (a pod is
+#: Guaranteed only if every container, init and sidecar containers included, has requests =
+#: limits for both). 512Mi holds the default 128 MiB offset map (cleaner.dedupeBufferSize) of
+#: one cleaner thread and the engine's buffers (a clean peaked at ~250 MB RSS, README
+#: "Performance"); raise it with dedupeBufferSize x threads.
+DEFAULT_RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "250m", "memory": "512Mi"},
+    "limits": {"cpu": "250m", "memory": "512Mi"},
 }
 
 _CONFIGMAP_SUFFIX = "-kafka-cleaner"
@@ -231,6 +244,23 @@ def security_context(policy: Policy) -> dict[str, Any]:
     return _deep_merge(RESTRICTED_SECURITY_CONTEXT, extra.to_dict() if extra is not None else {})
 
 
+def resources(policy: Policy) -> dict[str, Any]:
+    """The sidecar's resources: :data:`DEFAULT_RESOURCES` when ``sidecar.resources`` is unset,
+    else exactly what the policy says, never merged with the defaults (a request merged with a
+    default limit below it would make a pod the API server refuses). What Kubernetes then does:
+
+    * only ``limits``: the API server sets each missing request to its limit, so requests =
+      limits and a Guaranteed broker pod stays Guaranteed;
+    * only ``requests`` (or limits for one resource only): the sidecar has no limit on the rest
+      and the broker pod becomes Burstable (evicted before Guaranteed pods under node pressure;
+      the CPU manager's static policy no longer pins its CPUs);
+    * ``resources: {}``: none at all; the pod is Burstable if its other containers set any.
+    """
+    if policy.sidecar.resources is None:
+        return copy.deepcopy(DEFAULT_RESOURCES)
+    return policy.sidecar.resources.to_dict()
+
+
 def sidecar_args(policy: Policy) -> list[str]:
     """The ``kafka-cleaner`` arguments: the contract with the sidecar (docs/operator.md).
 
@@ -295,9 +325,9 @@ def build_sidecar(policy: Policy, *, image: str, native: bool) -> Sidecar:
         "securityContext": security_context(policy),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    resources = policy.sidecar.resources
-    if resources is not None and resources.to_dict():
-        container["resources"] = resources.to_dict()
+    wanted = resources(policy)
+    if wanted:
+        container["resources"] = wanted
     if native:
         container["restartPolicy"] = "Always"
     # optional: a pod created after the policy (and so its ConfigMap) was deleted, or before

@@ -117,7 +117,7 @@ def test_sidecar_command_line_and_mounts() -> None:
     assert c["restartPolicy"] == "Always" and sidecar.list_name == "initContainers"
     assert sidecar.volume == {"name": POLICY_VOLUME, "configMap": {
         "name": "offsets-kafka-cleaner", "optional": True, "items": [{"key": "policy.yaml", "path": "policy.yaml"}]}}
-    assert "resources" not in c
+    assert c["resources"] == injection.DEFAULT_RESOURCES  # requests = limits: Guaranteed stays Guaranteed
 
 
 def test_regular_container_below_1_29() -> None:
@@ -137,10 +137,10 @@ def test_security_context_restricted_defaults_merged_with_the_policy() -> None:
     plain = build_sidecar(make_policy(), image=IMAGE, native=True).container["securityContext"]
     assert plain == injection.RESTRICTED_SECURITY_CONTEXT
     policy = make_policy(sidecar={"securityContext": {"runAsUser": 1001, "runAsGroup": 1001,
-                                                      "capabilities": {"add": ["CHOWN"]}}})
+                                                      "capabilities": {"add": ["NET_BIND_SERVICE"]}}})
     merged = build_sidecar(policy, image=IMAGE, native=True).container["securityContext"]
     assert merged["runAsUser"] == 1001 and merged["runAsGroup"] == 1001
-    assert merged["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert merged["capabilities"] == {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}
     assert merged["readOnlyRootFilesystem"] is True and merged["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
@@ -149,6 +149,11 @@ def test_resources_from_the_policy() -> None:
                                                 "limits": {"memory": 268435456}}})
     c = build_sidecar(policy, image=IMAGE, native=True).container
     assert c["resources"] == {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "268435456"}}
+    # Never merged with the defaults (a default limit below a request would make an invalid pod).
+    only = build_sidecar(make_policy(sidecar={"resources": {"limits": {"memory": "1Gi"}}}), image=IMAGE, native=True)
+    assert only.container["resources"] == {"limits": {"memory": "1Gi"}}
+    none = build_sidecar(make_policy(sidecar={"resources": {}}), image=IMAGE, native=True)
+    assert "resources" not in none.container
 
 
 def test_the_hash_follows_the_sidecar_not_the_rest_of_the_policy() -> None:
