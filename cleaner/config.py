@@ -998,6 +998,11 @@ class SidecarConfig(_Model):
     """The injected container. ``image`` unset: the operator's own image (one image for both)."""
 
     image: str | None = _field("image", _Str(min_length=1, max_length=1024), None)
+    #: Secrets (in the broker's namespace) to pull ``image`` with, added to the broker pod's own
+    #: ``imagePullSecrets``: the chart's ``imagePullSecrets`` reach only the operator's pod.
+    image_pull_secrets: tuple[str, ...] = _field(
+        "imagePullSecrets", _List(_OBJECT_NAME, max_items=16, unique=True), (), omit_empty=True
+    )
     resources: ResourceRequirements | None = _field("resources", _Obj(ResourceRequirements), None)
     port: int = _field("port", _Int(1, 65535, format="int32"), DEFAULT_SIDECAR_PORT)
     security_context: SecurityContext | None = _field("securityContext", _Obj(SecurityContext), None)

@@ -12,9 +12,12 @@ broker's own containers):
 * the volume ``kafka-cleaner-policy``, the policy ConfigMap ``<policy>-kafka-cleaner``
   (key ``policy.yaml``), mounted by the sidecar at ``/etc/kafka-cleaner`` (a directory mount,
   not ``subPath``, so that the kubelet's atomic updates reach the sidecar, which reloads it);
-* the annotations ``kafkacleaner.io/sidecar-hash`` (a hash of the two objects above, so the
-  pod template is touched only when the sidecar itself changes; policy edits go through the
-  ConfigMap) and ``kafkacleaner.io/policy`` (which policy injected it).
+* the annotations ``kafkacleaner.io/sidecar-hash`` (a hash of the two objects above and the
+  pull secrets, so the pod template is touched only when the sidecar itself changes; policy
+  edits go through the ConfigMap) and ``kafkacleaner.io/policy`` (which policy injected it);
+* the policy's ``sidecar.imagePullSecrets`` the pod does not have yet, appended to its
+  ``imagePullSecrets``; on a StatefulSet's template the annotation
+  ``kafkacleaner.io/image-pull-secrets`` names those it added, the only ones it removes.
 
 The sidecar mounts the broker's existing data volume (``target.dataVolume``) at
 ``target.mountPath``, read-only in mode observe. Its command line is the contract with
@@ -43,6 +46,7 @@ __all__ = [
     "POLICY_PATH",
     "POLICY_VOLUME",
     "PORT_NAME",
+    "PULL_SECRETS_ANNOTATION",
     "RESTRICTED_SECURITY_CONTEXT",
     "SIDECAR_CONTAINER",
     "SIDECAR_HASH_ANNOTATION",
@@ -72,6 +76,8 @@ POLICY_PATH = f"{POLICY_DIR}/{CONFIGMAP_KEY}"
 PORT_NAME = "cleaner-metrics"
 SIDECAR_HASH_ANNOTATION = "kafkacleaner.io/sidecar-hash"
 POLICY_ANNOTATION = "kafkacleaner.io/policy"
+#: The pull secrets the operator added to a pod template (comma-separated): the ones it removes.
+PULL_SECRETS_ANNOTATION = "kafkacleaner.io/image-pull-secrets"
 #: SidecarContainers is beta and on by default from Kubernetes 1.29 (alpha, off, in 1.28).
 NATIVE_SIDECARS_SINCE = (1, 29)
 
@@ -209,6 +215,8 @@ class Sidecar:
     volume: dict[str, Any]
     native: bool
     hash: str
+    #: ``sidecar.imagePullSecrets``: Secret names the pod must list in its ``imagePullSecrets``.
+    pull_secrets: tuple[str, ...] = ()
 
     @property
     def list_name(self) -> str:
@@ -337,9 +345,13 @@ def build_sidecar(policy: Policy, *, image: str, native: bool) -> Sidecar:
         "configMap": {"name": configmap_name(policy.name), "optional": True,
                       "items": [{"key": CONFIGMAP_KEY, "path": CONFIGMAP_KEY}]},
     }
-    canonical = json.dumps({"container": container, "volume": volume}, sort_keys=True, separators=(",", ":"))
+    pull_secrets = policy.sidecar.image_pull_secrets
+    hashed: dict[str, Any] = {"container": container, "volume": volume}
+    if pull_secrets:  # absent when empty: the hash of every policy without them stays as it was
+        hashed["imagePullSecrets"] = list(pull_secrets)
+    canonical = json.dumps(hashed, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
-    return Sidecar(policy.name, container, volume, native, digest)
+    return Sidecar(policy.name, container, volume, native, digest, pull_secrets)
 
 
 # --------------------------------------------------------------------------------------------
@@ -391,9 +403,11 @@ def template_patch(template: Mapping[str, Any], sidecar: Sidecar,
     annotations = meta.get("annotations") or {}
     current = find_sidecar(spec)
     volume = _named(spec.get("volumes"), POLICY_VOLUME)
+    secrets = _secret_names(spec)
     if (annotations.get(SIDECAR_HASH_ANNOTATION) == sidecar.hash
             and annotations.get(POLICY_ANNOTATION) == sidecar.policy_name
-            and current is not None and current[0] == sidecar.list_name and volume is not None):
+            and current is not None and current[0] == sidecar.list_name and volume is not None
+            and all(name in secrets for name in sidecar.pull_secrets)):
         return None
     ops: list[dict[str, Any]] = []
     if resource_version is not None:
@@ -405,12 +419,49 @@ def template_patch(template: Mapping[str, Any], sidecar: Sidecar,
         current = None
     ops += _put_entry(base, sidecar.list_name, lists[sidecar.list_name], SIDECAR_CONTAINER, sidecar.container)
     ops += _put_entry(base, "volumes", lists["volumes"], POLICY_VOLUME, sidecar.volume)
+    ours = _added_secrets(annotations)
+    kept = [name for name in secrets if name not in ours or name in sidecar.pull_secrets]
+    added = [name for name in sidecar.pull_secrets if name not in kept]
+    ops += _secrets_ops(spec, [*kept, *added])
+    wanted = dict(sidecar.annotations)
+    owned = [name for name in sidecar.pull_secrets if name in added or name in ours]
+    if owned:
+        wanted[PULL_SECRETS_ANNOTATION] = ",".join(owned)
     if "annotations" not in meta:
-        ops.append({"op": "add", "path": "/spec/template/metadata/annotations", "value": sidecar.annotations})
+        ops.append({"op": "add", "path": "/spec/template/metadata/annotations", "value": wanted})
     else:
         ops += [{"op": "add", "path": f"/spec/template/metadata/annotations/{_pointer(key)}", "value": value}
-                for key, value in sidecar.annotations.items()]
+                for key, value in wanted.items()]
+        if not owned and PULL_SECRETS_ANNOTATION in annotations:
+            ops.append({"op": "remove", "path": f"/spec/template/metadata/annotations/"
+                                                f"{_pointer(PULL_SECRETS_ANNOTATION)}"})
     return ops
+
+
+def _secret_names(spec: Mapping[str, Any]) -> list[str]:
+    return [ref.get("name") for ref in spec.get("imagePullSecrets") or []]
+
+
+def _added_secrets(annotations: Mapping[str, str]) -> set[str]:
+    """The pull secrets the operator added, from :data:`PULL_SECRETS_ANNOTATION`."""
+    return {name for name in (annotations.get(PULL_SECRETS_ANNOTATION) or "").split(",") if name}
+
+
+def _secrets_ops(spec: Mapping[str, Any], names: Sequence[str]) -> list[dict[str, Any]]:
+    """The ops that make ``imagePullSecrets`` the list of ``names`` (entries the operator did not
+    add keep their place and content), or none when it already is. The whole list is tested and
+    replaced: it is short, and the patch already tests the StatefulSet's resourceVersion."""
+    current = list(spec.get("imagePullSecrets") or [])
+    if [ref.get("name") for ref in current] == list(names):
+        return []
+    path = "/spec/template/spec/imagePullSecrets"
+    by_name = {ref.get("name"): ref for ref in current}
+    value = [dict(by_name.get(name) or {"name": name}) for name in names]
+    if not value:
+        return [{"op": "test", "path": path, "value": current}, {"op": "remove", "path": path}]
+    if "imagePullSecrets" not in spec:
+        return [{"op": "add", "path": path, "value": value}]
+    return [{"op": "test", "path": path, "value": current}, {"op": "replace", "path": path, "value": value}]
 
 
 def _pointer(token: str) -> str:
@@ -444,8 +495,8 @@ def _remove_entry(base: str, list_name: str, items: list[Mapping[str, Any]], nam
 
 def removal_patch(template: Mapping[str, Any], resource_version: str | None = None) -> list[dict[str, Any]] | None:
     """The JSON patch that removes exactly what :func:`template_patch` added (the sidecar from
-    either list, the policy volume, the two annotations), or None if none is there. A list or
-    the annotations left empty go whole, as they were absent before the injection."""
+    either list, the policy volume, the pull secrets it added, its annotations), or None if none
+    is there. A list or the annotations left empty go whole, as they were absent before."""
     meta, spec = template.get("metadata") or {}, template.get("spec") or {}
     base = "/spec/template/spec"
     ops: list[dict[str, Any]] = []
@@ -455,7 +506,10 @@ def removal_patch(template: Mapping[str, Any], resource_version: str | None = No
         if _named(items, name) is not None:
             ops += _remove_entry(base, list_name, items, name)
     annotations = meta.get("annotations") or {}
-    ours = [key for key in (SIDECAR_HASH_ANNOTATION, POLICY_ANNOTATION) if key in annotations]
+    added = _added_secrets(annotations)
+    ops += _secrets_ops(spec, [name for name in _secret_names(spec) if name not in added])
+    ours = [key for key in (SIDECAR_HASH_ANNOTATION, POLICY_ANNOTATION, PULL_SECRETS_ANNOTATION)
+            if key in annotations]
     if set(annotations) and set(annotations) <= set(ours):
         ops.append({"op": "remove", "path": "/spec/template/metadata/annotations"})
     else:
@@ -483,6 +537,9 @@ def inject_into_pod(pod: Mapping[str, Any], sidecar: Sidecar) -> dict[str, Any]:
     spec.setdefault(sidecar.list_name, []).append(copy.deepcopy(sidecar.container))
     volumes = [v for v in spec.get("volumes") or [] if v.get("name") != POLICY_VOLUME]
     spec["volumes"] = [*volumes, copy.deepcopy(sidecar.volume)]
+    secrets = _secret_names(spec)
+    if missing := [name for name in sidecar.pull_secrets if name not in secrets]:
+        spec["imagePullSecrets"] = [*(spec.get("imagePullSecrets") or []), *({"name": n} for n in missing)]
     meta = out.setdefault("metadata", {})
     meta["annotations"] = {**(meta.get("annotations") or {}), **sidecar.annotations}
     return out

@@ -16,6 +16,7 @@ from compaction_operator import injection
 from compaction_operator.injection import (
     POLICY_ANNOTATION,
     POLICY_VOLUME,
+    PULL_SECRETS_ANNOTATION,
     SIDECAR_CONTAINER,
     SIDECAR_HASH_ANNOTATION,
     KubeVersion,
@@ -283,6 +284,36 @@ def test_inject_into_pod() -> None:
     assert injected["metadata"]["annotations"] == sidecar.annotations
     assert pod["metadata"].get("annotations") is None  # the input is not modified
     assert inject_into_pod(injected, sidecar) == injected  # a pod with the sidecar keeps it as it is
+
+
+def test_pull_secrets_are_merged_without_duplicates_and_only_the_added_ones_removed() -> None:
+    template = broker_template(imagePullSecrets=[{"name": "broker-pull"}])
+    wanted = make_policy(sidecar={"imagePullSecrets": ["broker-pull", "cleaner-pull"]})
+    sidecar = build_sidecar(wanted, image=IMAGE, native=True)
+    assert sidecar.hash != build_sidecar(make_policy(), image=IMAGE, native=True).hash
+    injected = apply(template, template_patch(template, sidecar, "7"))
+    assert injected["spec"]["imagePullSecrets"] == [{"name": "broker-pull"}, {"name": "cleaner-pull"}]
+    assert injected["metadata"]["annotations"][PULL_SECRETS_ANNOTATION] == "cleaner-pull"
+    assert template_patch(injected, sidecar, "7") is None
+    # Another secret instead: the one the operator added goes, the broker's own stays.
+    other = build_sidecar(make_policy(sidecar={"imagePullSecrets": ["other-pull"]}), image=IMAGE, native=True)
+    changed = apply(injected, template_patch(injected, other, "7"))
+    assert changed["spec"]["imagePullSecrets"] == [{"name": "broker-pull"}, {"name": "other-pull"}]
+    assert changed["metadata"]["annotations"][PULL_SECRETS_ANNOTATION] == "other-pull"
+    # None at all: no annotation left behind.
+    plain = build_sidecar(make_policy(), image=IMAGE, native=True)
+    dropped = apply(changed, template_patch(changed, plain, "7"))
+    assert dropped["spec"]["imagePullSecrets"] == [{"name": "broker-pull"}]
+    assert PULL_SECRETS_ANNOTATION not in dropped["metadata"]["annotations"]
+    # Removal restores the template exactly, the broker's own secret included.
+    assert apply(changed, removal_patch(changed, "7")) == template
+    bare = broker_template()
+    assert apply(apply(bare, template_patch(bare, sidecar, "7")), removal_patch(
+        apply(bare, template_patch(bare, sidecar, "7")), "7")) == bare
+    # The webhook's pod gets the missing ones too.
+    pod = {"metadata": {"name": "kafka-0"}, "spec": copy.deepcopy(template["spec"])}
+    assert inject_into_pod(pod, sidecar)["spec"]["imagePullSecrets"] == [{"name": "broker-pull"},
+                                                                         {"name": "cleaner-pull"}]
 
 
 #: (selector, labels, whether they match); tests/k8s/test_real_control_plane.py asks the real
