@@ -58,6 +58,8 @@ __all__ = [
     "has_data_volume",
     "inject_into_pod",
     "label_selector_string",
+    "patched",
+    "pod_from_template",
     "removal_patch",
     "resources",
     "security_context",
@@ -519,6 +521,56 @@ def removal_patch(template: Mapping[str, Any], resource_version: str | None = No
     if resource_version is not None:
         ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version})
     return ops
+
+
+def patched(document: Mapping[str, Any], ops: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A copy of ``document`` with a JSON patch of :func:`template_patch` or :func:`removal_patch`
+    applied (the ops they use: test, add, replace, remove), as the API server would apply it.
+    The operator sends the patch, never this result; it builds the pod of the admission dry
+    run from it. A failing ``test`` raises ValueError, as the server answers 422."""
+    out = copy.deepcopy(dict(document))
+    for op in ops:
+        *parents, last = [part.replace("~1", "/").replace("~0", "~") for part in op["path"].split("/")[1:]]
+        node: Any = out
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        key: Any = last if not isinstance(node, list) else (len(node) if last == "-" else int(last))
+        if op["op"] == "test":
+            if node[key] != op["value"]:
+                raise ValueError(f"test failed at {op['path']}")
+        elif op["op"] == "add" and isinstance(node, list):
+            node.insert(key, copy.deepcopy(op["value"]))
+        elif op["op"] in ("add", "replace"):
+            node[key] = copy.deepcopy(op["value"])
+        elif op["op"] == "remove":
+            del node[key]
+        else:
+            raise ValueError(f"unsupported JSON patch op {op['op']!r}")
+    return out
+
+
+def pod_from_template(stateful_set: Mapping[str, Any], template: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The pod the StatefulSet controller would create from ``template`` (default: the
+    StatefulSet's own), for a server-side dry-run create: the template's metadata and spec, a
+    ``generateName`` (a dry run of an existing name would fail on the name alone) and, as the
+    controller adds them, a ``persistentVolumeClaim`` volume for each claim template (the claims
+    need not exist for the API server to admit the pod)."""
+    meta = stateful_set["metadata"]
+    sts_spec = stateful_set.get("spec") or {}
+    template = template if template is not None else sts_spec.get("template") or {}
+    spec = copy.deepcopy(dict(template.get("spec") or {}))
+    volumes = list(spec.get("volumes") or [])
+    for claim in sts_spec.get("volumeClaimTemplates") or []:
+        name = (claim.get("metadata") or {}).get("name")
+        if name and _named(volumes, name) is None:
+            volumes.append({"name": name, "persistentVolumeClaim": {"claimName": f"{name}-{meta['name']}-0"}})
+    if volumes:
+        spec["volumes"] = volumes
+    pod_meta = {key: copy.deepcopy(value) for key, value in (template.get("metadata") or {}).items()
+                if key in ("labels", "annotations")}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {**pod_meta, "generateName": f"{meta['name']}-", "namespace": meta.get("namespace")},
+            "spec": spec}
 
 
 # --------------------------------------------------------------------------------------------

@@ -119,7 +119,11 @@ def test_helm_installs_upgrades_and_uninstalls_the_chart_and_its_rbac_is_what_th
     account = f"system:serviceaccount:{ns}:life-kafka-cleaner-operator"
 
     def can(verb: str, resource: str, namespace: str = "kafka") -> bool:
-        proc = plane.kubectl("auth", "can-i", verb, resource, "-n", namespace, f"--as={account}", check=False)
+        # "pods/exec" as one argument would be the pod named "exec": subresources are an option.
+        resource, _, subresource = resource.partition("/")
+        extra = [f"--subresource={subresource}"] if subresource else []
+        proc = plane.kubectl("auth", "can-i", verb, resource, *extra, "-n", namespace, f"--as={account}",
+                             check=False)
         return proc.stdout.strip() == "yes"
 
     for verb, resource in [
@@ -128,6 +132,7 @@ def test_helm_installs_upgrades_and_uninstalls_the_chart_and_its_rbac_is_what_th
         ("patch", "compactionpolicies.kafkacleaner.io/status"),
         ("patch", "statefulsets.apps"),
         ("list", "pods"),
+        ("create", "pods"),  # only ever with dryRun=All
         ("create", "configmaps"),
         ("create", "events"),
     ]:
@@ -260,7 +265,7 @@ def test_the_qos_class_the_api_server_gives_a_guaranteed_broker_with_the_sidecar
     broker = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "kafka-0", "namespace": "default"},
+        "metadata": {"generateName": "qos-broker-", "namespace": "default"},  # a dry run of a taken name fails
         "spec": {
             "containers": [{"name": "kafka", "image": "apache/kafka:4.1.0",
                             "resources": {"requests": guaranteed, "limits": guaranteed},

@@ -20,7 +20,7 @@ from typing import Any
 import kubernetes
 import pytest
 import yaml
-from compaction_operator import handlers, metrics
+from compaction_operator import handlers, injection, metrics
 from compaction_operator.injection import SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION, find_sidecar
 from control_plane import ControlPlane, activated_kubeconfig, available, missing_reason
 from kubelet import ConfigMapVolume, SidecarProcess, files_of
@@ -372,3 +372,77 @@ def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_create
     # kopf leaves its configurations behind (and an empty validating one of the same name).
     kinds = "mutatingwebhookconfiguration,validatingwebhookconfiguration"
     plane.kubectl("delete", kinds, WEBHOOK, "--ignore-not-found")
+
+
+@pytest.mark.parametrize("as_the_chart", ["plain"], indirect=True)
+def test_a_pod_admission_would_refuse_is_never_rolled_out_and_the_reason_is_reported(
+    as_the_chart: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A namespace at Pod Security ``enforce: restricted`` with a compliant broker. A sidecar
+    that breaks the profile (a default gone wrong: the CRD's CEL rules refuse such a policy, see
+    test_a_policy_editor_cannot_get_a_privileged_sidecar_injected) is dry-run first: the real
+    PodSecurity admission refuses it, the StatefulSet is not touched, the broker keeps running,
+    and the policy is Stalled with the API server's message and a Warning Event. With a
+    compliant sidecar the same round patches, and the pod the StatefulSet controller creates
+    passes the real admission with the sidecar and the policy's pull secret."""
+    plane, ns = as_the_chart, "psa-brokers"
+    plane.kubectl("create", "namespace", ns, check=False)
+    plane.kubectl("label", "--overwrite", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
+    cluster = ApiCluster(kubernetes.config.new_client_from_config(config_file=str(plane.kubeconfig)), ns)
+    restricted = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    broker = _broker()
+    broker["metadata"]["namespace"] = ns
+    spec = broker["spec"]["template"]["spec"]
+    del spec["hostNetwork"]  # Pod Security baseline refuses the host network
+    spec["securityContext"] = {"runAsNonRoot": True, "runAsUser": 1001, "seccompProfile": {"type": "RuntimeDefault"}}
+    spec["containers"][0]["securityContext"] = restricted
+    spec["imagePullSecrets"] = [{"name": "broker-pull"}]
+    path = plane.root / "restricted-broker.yaml"
+    path.write_text(yaml.safe_dump(broker))
+    plane.kubectl("apply", "-f", str(path))
+
+    def running(with_sidecar: bool) -> dict[str, Any] | None:
+        p = cluster.pod("broker-0")
+        if p is None or p["metadata"].get("deletionTimestamp") or p["status"].get("phase") != "Running":
+            return None
+        return p if (find_sidecar(p["spec"]) is not None) == with_sidecar else None
+
+    first = wait_for(lambda: running(False), timeout=TIMEOUT, what="the restricted broker-0 running")
+    original = cluster.sts()
+    # A sidecar that escalates privileges: what the dry run is there to catch.
+    monkeypatch.setitem(injection.RESTRICTED_SECURITY_CONTEXT, "allowPrivilegeEscalation", True)
+    with running_operator():
+        target = {"statefulSet": "broker", "dataVolume": "data", "mountPath": "/var/lib/kafka", "logDirs": ["data"]}
+        manifest = policy("guarded", target=target, reporting={"intervalSeconds": 1},
+                          sidecar={"imagePullSecrets": ["broker-pull", "cleaner-pull"]})
+        manifest["metadata"]["namespace"] = ns
+        path.write_text(yaml.safe_dump(manifest))
+        plane.kubectl("apply", "-f", str(path))
+        stalled = wait_for(lambda: (c := cluster.condition("guarded", "Stalled")).get("status") == "True" and c,
+                           timeout=TIMEOUT, what="Stalled")  # fmt: skip
+        assert stalled["reason"] == "AdmissionRejected", stalled
+        assert 'violates PodSecurity "restricted' in stalled["message"], stalled
+        assert "allowPrivilegeEscalation" in stalled["message"] and "without this change is admitted" in \
+            stalled["message"], stalled
+        wait_for(lambda: ("CompactionPolicy", "AdmissionRejected") in [e[:2] for e in cluster.events()],
+                 timeout=TIMEOUT, what="an AdmissionRejected Event")  # fmt: skip
+        sts = cluster.sts()
+        assert sts["metadata"]["generation"] == original["metadata"]["generation"]
+        assert canonical(sts["spec"]["template"]) == canonical(original["spec"]["template"])
+        assert cluster.pod("broker-0")["metadata"]["uid"] == first["metadata"]["uid"]  # never restarted
+
+        # The sidecar fixed: the next round dry-runs, admits and patches; the real pod passes too.
+        monkeypatch.undo()
+        pod = wait_for(lambda: running(True), timeout=TIMEOUT, what="broker-0 with the sidecar")
+        assert pod["spec"]["imagePullSecrets"] == [{"name": "broker-pull"}, {"name": "cleaner-pull"}]
+        template = cluster.sts()["spec"]["template"]
+        assert template["metadata"]["annotations"]["kafkacleaner.io/image-pull-secrets"] == "cleaner-pull"
+        wait_for(lambda: cluster.condition("guarded", "Stalled").get("status") == "False", timeout=TIMEOUT,
+                 what="Stalled cleared")  # fmt: skip
+
+        plane.kubectl("delete", "-n", ns, "compactionpolicy", "guarded", "--wait=true", f"--timeout={int(TIMEOUT)}s")
+        wait_for(lambda: running(False), timeout=TIMEOUT, what="broker-0 without the sidecar")
+        # The broker's own pull secret stays; only the one the operator added went.
+        assert canonical(cluster.sts()["spec"]["template"]) == canonical(original["spec"]["template"])
+    plane.kubectl("delete", "namespace", ns, "--wait=false")
+

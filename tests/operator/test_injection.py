@@ -316,6 +316,33 @@ def test_pull_secrets_are_merged_without_duplicates_and_only_the_added_ones_remo
                                                                          {"name": "cleaner-pull"}]
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_patched_applies_the_patches_as_jsonpatch_does(native: bool) -> None:
+    """The operator's own applier (for the admission dry run) against the ``jsonpatch`` library."""
+    sidecar = build_sidecar(make_policy(sidecar={"imagePullSecrets": ["cleaner-pull"]}), image=IMAGE, native=native)
+    for template in (broker_template(), broker_template(imagePullSecrets=[{"name": "x"}]),
+                     {"metadata": {}, "spec": {"containers": [{"name": "kafka", "image": "k"}]}}):
+        patch = template_patch(template, sidecar, "7")
+        assert injection.patched(sts(template), patch) == jsonpatch.apply_patch(sts(template), patch)
+        injected = apply(template, patch)
+        removal = removal_patch(injected, "7")
+        assert injection.patched(sts(injected), removal) == jsonpatch.apply_patch(sts(injected), removal)
+    with pytest.raises(ValueError, match="test failed"):
+        injection.patched(sts(broker_template()), template_patch(broker_template(), sidecar, "8"))
+
+
+def test_the_dry_run_pod_is_the_one_the_statefulset_controller_would_create() -> None:
+    template = broker_template()
+    stateful_set = {"metadata": {"name": "kafka", "namespace": "brokers"}, "spec": {
+        "template": template, "volumeClaimTemplates": [{"metadata": {"name": "data"}}]}}
+    pod = injection.pod_from_template(stateful_set)
+    assert pod["metadata"] == {**template["metadata"], "generateName": "kafka-", "namespace": "brokers"}
+    assert pod["spec"]["volumes"] == [*template["spec"]["volumes"],
+                                      {"name": "data", "persistentVolumeClaim": {"claimName": "data-kafka-0"}}]
+    assert pod["spec"]["containers"] == template["spec"]["containers"]
+    assert "volumes" not in template["spec"] or len(template["spec"]["volumes"]) == 1  # the input is not modified
+
+
 #: (selector, labels, whether they match); tests/k8s/test_real_control_plane.py asks the real
 #: API server the same of ``label_selector_string(selector)``.
 SELECTOR_CASES = [
