@@ -141,6 +141,10 @@ def test_helm_installs_upgrades_and_uninstalls_the_chart_and_its_rbac_is_what_th
         ("get", "secrets"),
         ("list", "secrets"),
         ("create", "pods/exec"),
+        ("get", "pods"),  # granted once, never used
+        ("watch", "statefulsets.apps"),
+        ("list", "configmaps"),
+        ("patch", "configmaps"),
         ("delete", "statefulsets.apps"),
         ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
     ]:

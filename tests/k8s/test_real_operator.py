@@ -446,3 +446,46 @@ def test_a_pod_admission_would_refuse_is_never_rolled_out_and_the_reason_is_repo
         assert canonical(cluster.sts()["spec"]["template"]) == canonical(original["spec"]["template"])
     plane.kubectl("delete", "namespace", ns, "--wait=false")
 
+
+@pytest.mark.parametrize("as_the_chart", ["plain"], indirect=True)
+def test_a_policy_editor_cannot_get_a_privileged_sidecar_injected(as_the_chart: ControlPlane) -> None:
+    """Someone bound only to the chart's aggregated CompactionPolicy role (what ``edit`` and
+    ``admin`` gain from it), with a token the API server issued: the API server refuses every
+    policy whose sidecar would be privileged or run as root (the CRD's CEL rules), admits a
+    restricted one, and the user can neither create pods nor patch StatefulSets: the operator's
+    rights never pass to them."""
+    plane, ns = as_the_chart, "editors"
+    plane.kubectl("create", "namespace", ns, check=False)
+    plane.kubectl("create", "serviceaccount", "policy-editor", "-n", ns, check=False)
+    plane.kubectl("create", "rolebinding", "policy-editor", "-n", ns, "--clusterrole=kc-kafka-cleaner-operator-edit",
+                  f"--serviceaccount={ns}:policy-editor", check=False)  # fmt: skip
+    token = plane.kubectl("create", "token", "policy-editor", "-n", ns, "--duration=600s").stdout.strip()
+    kubeconfig = plane.root / "kubeconfig-editor"
+    kubeconfig.write_text(yaml.safe_dump(plane.kubeconfig_for(token)))
+
+    def create(name: str, security: dict[str, Any]) -> Any:
+        target = {"statefulSet": "broker", "dataVolume": "data", "mountPath": "/var/lib/kafka", "logDirs": ["data"]}
+        manifest = policy(name, target=target, sidecar={"securityContext": security})
+        manifest["metadata"]["namespace"] = ns
+        path = plane.root / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(manifest))
+        return plane.kubectl("create", "-f", str(path), kubeconfig=kubeconfig, check=False)
+
+    allowed = create("restricted", {"runAsUser": 1001, "runAsGroup": 1001,
+                                    "capabilities": {"add": ["NET_BIND_SERVICE"]}})
+    assert allowed.returncode == 0, allowed.stderr  # the role does allow creating policies
+    for name, security, field in [
+        ("privileged", {"privileged": True}, "privileged"),
+        ("escalating", {"allowPrivilegeEscalation": True}, "allowPrivilegeEscalation"),
+        ("capable", {"capabilities": {"add": ["SYS_ADMIN"]}}, "capabilities.add[0]"),
+        ("root", {"runAsUser": 0, "runAsNonRoot": False}, "runAsUser"),
+        ("unconfined", {"seccompProfile": {"type": "Unconfined"}}, "seccompProfile.type"),
+    ]:
+        refused = create(name, security)
+        assert refused.returncode != 0, f"{name} was admitted"
+        assert f"spec.sidecar.securityContext.{field}" in refused.stderr and "Pod Security restricted" in \
+            refused.stderr, refused.stderr
+    for verb, resource in [("create", "pods"), ("patch", "statefulsets.apps"), ("patch", "configmaps")]:
+        can = plane.kubectl("auth", "can-i", verb, resource, "-n", ns, kubeconfig=kubeconfig, check=False)
+        assert can.stdout.strip() == "no", (verb, resource)
+    plane.kubectl("delete", "namespace", ns, "--wait=false")
