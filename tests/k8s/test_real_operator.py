@@ -489,3 +489,43 @@ def test_a_policy_editor_cannot_get_a_privileged_sidecar_injected(as_the_chart: 
         can = plane.kubectl("auth", "can-i", verb, resource, "-n", ns, kubeconfig=kubeconfig, check=False)
         assert can.stdout.strip() == "no", (verb, resource)
     plane.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+@pytest.mark.parametrize("as_the_chart", ["plain"], indirect=True)
+def test_a_dry_run_refused_for_the_broker_itself_says_the_sidecar_is_not_the_cause(
+    as_the_chart: ControlPlane,
+) -> None:
+    """A ResourceQuota with no room for one more pod: the dry run of the injected pod and of the
+    unchanged one are both refused (the dry run counts a pod beside the running broker), the
+    message says so, nothing is patched; with room, the same policy is injected."""
+    plane, ns = as_the_chart, "quota-brokers"
+    plane.kubectl("create", "namespace", ns, check=False)
+    plane.kubectl("create", "quota", "pods", "--hard=pods=1", "-n", ns)
+    cluster = ApiCluster(kubernetes.config.new_client_from_config(config_file=str(plane.kubeconfig)), ns)
+    broker = _broker()
+    broker["metadata"]["namespace"] = ns
+    path = plane.root / "quota-broker.yaml"
+    path.write_text(yaml.safe_dump(broker))
+    plane.kubectl("apply", "-f", str(path))
+    wait_for(lambda: (p := cluster.pod("broker-0")) and p["status"].get("phase") == "Running", timeout=TIMEOUT,
+             what="broker-0 running")  # fmt: skip
+    wait_for(lambda: json.loads(plane.kubectl("get", "quota", "pods", "-n", ns, "-o", "json").stdout)["status"].get(
+        "used", {}).get("pods") == "1", timeout=TIMEOUT, what="the quota's usage")  # fmt: skip
+    original = cluster.sts()
+    with running_operator():
+        target = {"statefulSet": "broker", "dataVolume": "data", "mountPath": "/var/lib/kafka", "logDirs": ["data"]}
+        manifest = policy("quota", target=target, reporting={"intervalSeconds": 1})
+        manifest["metadata"]["namespace"] = ns
+        path.write_text(yaml.safe_dump(manifest))
+        plane.kubectl("apply", "-f", str(path))
+        stalled = wait_for(lambda: (c := cluster.condition("quota", "Stalled")).get("status") == "True" and c,
+                           timeout=TIMEOUT, what="Stalled")  # fmt: skip
+        assert stalled["reason"] == "AdmissionRejected", stalled
+        assert "exceeded quota" in stalled["message"] and "without this change is rejected too" in \
+            stalled["message"], stalled
+        assert cluster.sts()["metadata"]["generation"] == original["metadata"]["generation"]
+        plane.kubectl("patch", "quota", "pods", "-n", ns, "--type=merge", "-p", '{"spec":{"hard":{"pods":"2"}}}')
+        wait_for(lambda: find_sidecar(cluster.sts()["spec"]["template"]["spec"]) is not None, timeout=TIMEOUT,
+                 what="the sidecar injected once the quota has room")  # fmt: skip
+        plane.kubectl("delete", "-n", ns, "compactionpolicy", "quota", "--wait=true", f"--timeout={int(TIMEOUT)}s")
+    plane.kubectl("delete", "namespace", ns, "--wait=false")
