@@ -879,10 +879,28 @@ class ResourceRequirements(_Model):
 _CAPABILITY_LIST = _List(_Str(max_length=64), max_items=64)
 
 
+#: Pod Security "restricted" lets a container add this capability and no other.
+ALLOWED_CAPABILITY = "NET_BIND_SERVICE"
+#: The SELinux types Pod Security "baseline" (and so "restricted") allows ('' is unset).
+ALLOWED_SELINUX_TYPES = ("", "container_t", "container_init_t", "container_kvm_t")
+_RESTRICTED = "(Pod Security restricted)"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Capabilities(_Model):
     add: tuple[str, ...] = _field("add", _CAPABILITY_LIST, (), omit_empty=True)
     drop: tuple[str, ...] = _field("drop", _CAPABILITY_LIST, (), omit_empty=True)
+
+    def _check(self, path: str) -> None:
+        # CEL on add[]: self == 'NET_BIND_SERVICE'
+        for index, capability in enumerate(self.add):
+            if capability != ALLOWED_CAPABILITY:
+                raise PolicyError(f"{path}.add[{index}]", f"{capability!r}: only {ALLOWED_CAPABILITY} may be "
+                                  f"added {_RESTRICTED}")
+        # CEL on drop: size(self) == 0 || 'ALL' in self (an empty drop is left out, so the
+        # default [ALL] stays; any other list replaces it)
+        if self.drop and "ALL" not in self.drop:
+            raise PolicyError(f"{path}.drop", f"must contain ALL {_RESTRICTED}; it replaces the default [ALL]")
 
 
 _PROFILE_TYPE = _Str(enum=("RuntimeDefault", "Unconfined", "Localhost"))
@@ -895,11 +913,21 @@ class SeccompProfile(_Model):
     type: str = _field("type", _PROFILE_TYPE)
     localhost_profile: str | None = _field("localhostProfile", _PROFILE_PATH, None)
 
+    def _check(self, path: str) -> None:
+        # CEL on type: self != 'Unconfined'
+        if self.type == "Unconfined":
+            raise PolicyError(f"{path}.type", f"must not be Unconfined {_RESTRICTED}")
+
 
 @dataclass(frozen=True, kw_only=True)
 class AppArmorProfile(_Model):
     type: str = _field("type", _PROFILE_TYPE)
     localhost_profile: str | None = _field("localhostProfile", _PROFILE_PATH, None)
+
+    def _check(self, path: str) -> None:
+        # CEL on type: self != 'Unconfined'
+        if self.type == "Unconfined":
+            raise PolicyError(f"{path}.type", f"must not be Unconfined {_RESTRICTED}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -908,6 +936,16 @@ class SELinuxOptions(_Model):
     role: str | None = _field("role", _SHORT, None)
     type: str | None = _field("type", _SHORT, None)
     level: str | None = _field("level", _SHORT, None)
+
+    def _check(self, path: str) -> None:
+        # CEL on user and role: self == ''
+        for name, value in (("user", self.user), ("role", self.role)):
+            if value:
+                raise PolicyError(f"{path}.{name}", f"must not be set {_RESTRICTED}")
+        # CEL on type: self in ['', 'container_t', 'container_init_t', 'container_kvm_t']
+        if self.type is not None and self.type not in ALLOWED_SELINUX_TYPES:
+            raise PolicyError(f"{path}.type", f"{self.type!r} must be container_t, container_init_t or "
+                              f"container_kvm_t {_RESTRICTED}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -932,6 +970,24 @@ class SecurityContext(_Model):
     se_linux_options: SELinuxOptions | None = _field("seLinuxOptions", _Obj(SELinuxOptions), None)
     seccomp_profile: SeccompProfile | None = _field("seccompProfile", _Obj(SeccompProfile), None)
 
+    def _check(self, path: str) -> None:
+        """Pod Security "restricted", as the CRD's CEL rules hold it: whoever may write a policy
+        gets no more privileged container into a broker pod than that profile allows."""
+        # CEL on allowPrivilegeEscalation and privileged: !self
+        for name, value in (("allowPrivilegeEscalation", self.allow_privilege_escalation),
+                            ("privileged", self.privileged)):
+            if value:
+                raise PolicyError(f"{path}.{name}", f"must not be true {_RESTRICTED}")
+        # CEL on procMount: self == 'Default'
+        if self.proc_mount is not None and self.proc_mount != "Default":
+            raise PolicyError(f"{path}.procMount", f"must be Default {_RESTRICTED}")
+        # CEL on runAsNonRoot: self
+        if self.run_as_non_root is False:
+            raise PolicyError(f"{path}.runAsNonRoot", f"must not be false {_RESTRICTED}")
+        # CEL on runAsUser: self != 0
+        if self.run_as_user == 0:
+            raise PolicyError(f"{path}.runAsUser", f"must not be 0, root {_RESTRICTED}")
+
 
 #: 9404 is taken by the JMX exporter in common Kafka deployments.
 DEFAULT_SIDECAR_PORT = 9410
@@ -942,6 +998,11 @@ class SidecarConfig(_Model):
     """The injected container. ``image`` unset: the operator's own image (one image for both)."""
 
     image: str | None = _field("image", _Str(min_length=1, max_length=1024), None)
+    #: Secrets (in the broker's namespace) to pull ``image`` with, added to the broker pod's own
+    #: ``imagePullSecrets``: the chart's ``imagePullSecrets`` reach only the operator's pod.
+    image_pull_secrets: tuple[str, ...] = _field(
+        "imagePullSecrets", _List(_OBJECT_NAME, max_items=16, unique=True), (), omit_empty=True
+    )
     resources: ResourceRequirements | None = _field("resources", _Obj(ResourceRequirements), None)
     port: int = _field("port", _Int(1, 65535, format="int32"), DEFAULT_SIDECAR_PORT)
     security_context: SecurityContext | None = _field("securityContext", _Obj(SecurityContext), None)

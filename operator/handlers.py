@@ -6,9 +6,10 @@ cluster, calls them, and writes what they return.
 
 One *round* (:meth:`Operator.round`) is the whole job for one policy, level-triggered and
 idempotent: parse the spec (a bad one is reported as ``Stalled``/``InvalidSpec``), write the
-policy ConfigMap, put the sidecar into the StatefulSet's pod template (or leave it to the
-webhook), take it out of StatefulSets the policy no longer targets, list the target pods, pull
-their sidecars' ``/status`` and write the policy's status. The create/update/resume handlers
+policy ConfigMap, put the sidecar into the StatefulSet's pod template once a server-side dry
+run of the pod it would make passes admission (or leave it to the webhook), take it out of
+StatefulSets the policy no longer targets, list the target pods, pull their sidecars'
+``/status`` and write the policy's status. The create/update/resume handlers
 run a round at once (without pulling reports); a daemon per policy runs one every
 ``reporting.intervalSeconds`` (a kopf daemon rather than a timer, since a timer's interval is
 fixed when the handler is declared). Rounds of one policy never overlap. ``spec.paused`` makes
@@ -47,6 +48,8 @@ from compaction_operator.injection import (
     has_data_volume,
     inject_into_pod,
     label_selector_string,
+    patched,
+    pod_from_template,
     removal_patch,
     template_patch,
 )
@@ -354,6 +357,7 @@ class Operator:
         patch = template_patch(template, sidecar, sts["metadata"]["resourceVersion"])
         if patch is None:
             return
+        await self._admission_dry_run(sts, patch)
         first = find_sidecar(template.get("spec") or {}) is None
         await self.call(kube.patch_statefulset, namespace, sts_name, patch)
         where = "as a native sidecar" if sidecar.native else "as a container"
@@ -363,6 +367,39 @@ class Operator:
         kopf.event(body, type="Normal", reason=reason, message=message)
         kopf.event(sts, type="Normal", reason=reason, message=f"{message} by CompactionPolicy {policy.name}")
         logger.info(message + ".")
+
+    async def _admission_dry_run(self, sts: Mapping[str, Any], patch: Sequence[Mapping[str, Any]]) -> None:
+        """Before a patch of a StatefulSet's pod template: a server-side dry-run create of the pod
+        the patched template makes, so that admission (Pod Security, webhooks, ResourceQuota,
+        LimitRange) judges it before any broker is restarted. The StatefulSet controller would
+        delete a broker and then be refused its new pod: the broker would stay down. A rejection
+        is ``Stalled``/``AdmissionRejected`` with the API server's message, and no patch; the
+        message says whether the pod without the change is rejected as well (then the cause is
+        not the sidecar, e.g. a ResourceQuota with no room for one more pod: the dry run counts
+        it beside the running brokers, while a roll replaces one)."""
+        namespace, sts_name = sts["metadata"]["namespace"], sts["metadata"]["name"]
+        rejection = await self._dry_run(namespace, pod_from_template(sts, patched(sts, patch)["spec"]["template"]))
+        if rejection is None:
+            return
+        before = await self._dry_run(namespace, pod_from_template(sts))
+        blame = (f"the pod without this change is rejected too ({before})" if before is not None
+                 else "the pod without this change is admitted")
+        raise Stalled("AdmissionRejected", f"StatefulSet {sts_name} was not patched: a dry run of the pod it would "
+                      f"create was rejected: {rejection}; {blame}")
+
+    async def _dry_run(self, namespace: str, pod: Mapping[str, Any]) -> str | None:
+        """None if the API server would create ``pod``, else why not (its message). Server
+        errors, conflicts and throttling propagate (the round is retried)."""
+        try:
+            await self.call(self._kube().dry_run_pod, namespace, pod)
+        except ApiException as exc:
+            if exc.status is None or exc.status >= 500 or exc.status in (409, 429):
+                raise
+            try:
+                return str(json.loads(exc.body)["message"])
+            except (TypeError, ValueError, KeyError):
+                return f"{exc.status} {exc.reason}"
+        return None
 
     async def _remove_stale_injections(self, body: Mapping[str, Any], policy: Policy | None, *, keep: str | None,
                                        logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:

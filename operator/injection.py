@@ -12,9 +12,12 @@ broker's own containers):
 * the volume ``kafka-cleaner-policy``, the policy ConfigMap ``<policy>-kafka-cleaner``
   (key ``policy.yaml``), mounted by the sidecar at ``/etc/kafka-cleaner`` (a directory mount,
   not ``subPath``, so that the kubelet's atomic updates reach the sidecar, which reloads it);
-* the annotations ``kafkacleaner.io/sidecar-hash`` (a hash of the two objects above, so the
-  pod template is touched only when the sidecar itself changes; policy edits go through the
-  ConfigMap) and ``kafkacleaner.io/policy`` (which policy injected it).
+* the annotations ``kafkacleaner.io/sidecar-hash`` (a hash of the two objects above and the
+  pull secrets, so the pod template is touched only when the sidecar itself changes; policy
+  edits go through the ConfigMap) and ``kafkacleaner.io/policy`` (which policy injected it);
+* the policy's ``sidecar.imagePullSecrets`` the pod does not have yet, appended to its
+  ``imagePullSecrets``; on a StatefulSet's template the annotation
+  ``kafkacleaner.io/image-pull-secrets`` names those it added, the only ones it removes.
 
 The sidecar mounts the broker's existing data volume (``target.dataVolume``) at
 ``target.mountPath``, read-only in mode observe. Its command line is the contract with
@@ -36,12 +39,14 @@ from cleaner.config import LabelSelector, Mode, Policy
 
 __all__ = [
     "CONFIGMAP_KEY",
+    "DEFAULT_RESOURCES",
     "NATIVE_SIDECARS_SINCE",
     "POLICY_ANNOTATION",
     "POLICY_DIR",
     "POLICY_PATH",
     "POLICY_VOLUME",
     "PORT_NAME",
+    "PULL_SECRETS_ANNOTATION",
     "RESTRICTED_SECURITY_CONTEXT",
     "SIDECAR_CONTAINER",
     "SIDECAR_HASH_ANNOTATION",
@@ -53,7 +58,10 @@ __all__ = [
     "has_data_volume",
     "inject_into_pod",
     "label_selector_string",
+    "patched",
+    "pod_from_template",
     "removal_patch",
+    "resources",
     "security_context",
     "selector_matches",
     "sidecar_args",
@@ -70,6 +78,8 @@ POLICY_PATH = f"{POLICY_DIR}/{CONFIGMAP_KEY}"
 PORT_NAME = "cleaner-metrics"
 SIDECAR_HASH_ANNOTATION = "kafkacleaner.io/sidecar-hash"
 POLICY_ANNOTATION = "kafkacleaner.io/policy"
+#: The pull secrets the operator added to a pod template (comma-separated): the ones it removes.
+PULL_SECRETS_ANNOTATION = "kafkacleaner.io/image-pull-secrets"
 #: SidecarContainers is beta and on by default from Kubernetes 1.29 (alpha, off, in 1.28).
 NATIVE_SIDECARS_SINCE = (1, 29)
 
@@ -81,6 +91,17 @@ RESTRICTED_SECURITY_CONTEXT: dict[str, Any] = {
     "readOnlyRootFilesystem": True,
     "runAsNonRoot": True,
     "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+#: The sidecar's resources when the policy sets none: requests equal to limits for both CPU and
+#: memory, so that a broker pod whose own containers are Guaranteed stays Guaranteed (a pod is
+#: Guaranteed only if every container, init and sidecar containers included, has requests =
+#: limits for both). 512Mi holds the default 128 MiB offset map (cleaner.dedupeBufferSize) of
+#: one cleaner thread and the engine's buffers (a clean peaked at ~250 MB RSS, README
+#: "Performance"); raise it with dedupeBufferSize x threads.
+DEFAULT_RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "250m", "memory": "512Mi"},
+    "limits": {"cpu": "250m", "memory": "512Mi"},
 }
 
 _CONFIGMAP_SUFFIX = "-kafka-cleaner"
@@ -196,6 +217,8 @@ class Sidecar:
     volume: dict[str, Any]
     native: bool
     hash: str
+    #: ``sidecar.imagePullSecrets``: Secret names the pod must list in its ``imagePullSecrets``.
+    pull_secrets: tuple[str, ...] = ()
 
     @property
     def list_name(self) -> str:
@@ -229,6 +252,23 @@ def security_context(policy: Policy) -> dict[str, Any]:
     """The restricted defaults with the policy's ``sidecar.securityContext`` merged over them."""
     extra = policy.sidecar.security_context
     return _deep_merge(RESTRICTED_SECURITY_CONTEXT, extra.to_dict() if extra is not None else {})
+
+
+def resources(policy: Policy) -> dict[str, Any]:
+    """The sidecar's resources: :data:`DEFAULT_RESOURCES` when ``sidecar.resources`` is unset,
+    else exactly what the policy says, never merged with the defaults (a request merged with a
+    default limit below it would make a pod the API server refuses). What Kubernetes then does:
+
+    * only ``limits``: the API server sets each missing request to its limit, so requests =
+      limits and a Guaranteed broker pod stays Guaranteed;
+    * only ``requests`` (or limits for one resource only): the sidecar has no limit on the rest
+      and the broker pod becomes Burstable (evicted before Guaranteed pods under node pressure;
+      the CPU manager's static policy no longer pins its CPUs);
+    * ``resources: {}``: none at all; the pod is Burstable if its other containers set any.
+    """
+    if policy.sidecar.resources is None:
+        return copy.deepcopy(DEFAULT_RESOURCES)
+    return policy.sidecar.resources.to_dict()
 
 
 def sidecar_args(policy: Policy) -> list[str]:
@@ -295,9 +335,9 @@ def build_sidecar(policy: Policy, *, image: str, native: bool) -> Sidecar:
         "securityContext": security_context(policy),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    resources = policy.sidecar.resources
-    if resources is not None and resources.to_dict():
-        container["resources"] = resources.to_dict()
+    wanted = resources(policy)
+    if wanted:
+        container["resources"] = wanted
     if native:
         container["restartPolicy"] = "Always"
     # optional: a pod created after the policy (and so its ConfigMap) was deleted, or before
@@ -307,9 +347,13 @@ def build_sidecar(policy: Policy, *, image: str, native: bool) -> Sidecar:
         "configMap": {"name": configmap_name(policy.name), "optional": True,
                       "items": [{"key": CONFIGMAP_KEY, "path": CONFIGMAP_KEY}]},
     }
-    canonical = json.dumps({"container": container, "volume": volume}, sort_keys=True, separators=(",", ":"))
+    pull_secrets = policy.sidecar.image_pull_secrets
+    hashed: dict[str, Any] = {"container": container, "volume": volume}
+    if pull_secrets:  # absent when empty: the hash of every policy without them stays as it was
+        hashed["imagePullSecrets"] = list(pull_secrets)
+    canonical = json.dumps(hashed, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
-    return Sidecar(policy.name, container, volume, native, digest)
+    return Sidecar(policy.name, container, volume, native, digest, pull_secrets)
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,9 +405,11 @@ def template_patch(template: Mapping[str, Any], sidecar: Sidecar,
     annotations = meta.get("annotations") or {}
     current = find_sidecar(spec)
     volume = _named(spec.get("volumes"), POLICY_VOLUME)
+    secrets = _secret_names(spec)
     if (annotations.get(SIDECAR_HASH_ANNOTATION) == sidecar.hash
             and annotations.get(POLICY_ANNOTATION) == sidecar.policy_name
-            and current is not None and current[0] == sidecar.list_name and volume is not None):
+            and current is not None and current[0] == sidecar.list_name and volume is not None
+            and all(name in secrets for name in sidecar.pull_secrets)):
         return None
     ops: list[dict[str, Any]] = []
     if resource_version is not None:
@@ -375,12 +421,49 @@ def template_patch(template: Mapping[str, Any], sidecar: Sidecar,
         current = None
     ops += _put_entry(base, sidecar.list_name, lists[sidecar.list_name], SIDECAR_CONTAINER, sidecar.container)
     ops += _put_entry(base, "volumes", lists["volumes"], POLICY_VOLUME, sidecar.volume)
+    ours = _added_secrets(annotations)
+    kept = [name for name in secrets if name not in ours or name in sidecar.pull_secrets]
+    added = [name for name in sidecar.pull_secrets if name not in kept]
+    ops += _secrets_ops(spec, [*kept, *added])
+    wanted = dict(sidecar.annotations)
+    owned = [name for name in sidecar.pull_secrets if name in added or name in ours]
+    if owned:
+        wanted[PULL_SECRETS_ANNOTATION] = ",".join(owned)
     if "annotations" not in meta:
-        ops.append({"op": "add", "path": "/spec/template/metadata/annotations", "value": sidecar.annotations})
+        ops.append({"op": "add", "path": "/spec/template/metadata/annotations", "value": wanted})
     else:
         ops += [{"op": "add", "path": f"/spec/template/metadata/annotations/{_pointer(key)}", "value": value}
-                for key, value in sidecar.annotations.items()]
+                for key, value in wanted.items()]
+        if not owned and PULL_SECRETS_ANNOTATION in annotations:
+            ops.append({"op": "remove", "path": f"/spec/template/metadata/annotations/"
+                                                f"{_pointer(PULL_SECRETS_ANNOTATION)}"})
     return ops
+
+
+def _secret_names(spec: Mapping[str, Any]) -> list[str]:
+    return [ref.get("name") for ref in spec.get("imagePullSecrets") or []]
+
+
+def _added_secrets(annotations: Mapping[str, str]) -> set[str]:
+    """The pull secrets the operator added, from :data:`PULL_SECRETS_ANNOTATION`."""
+    return {name for name in (annotations.get(PULL_SECRETS_ANNOTATION) or "").split(",") if name}
+
+
+def _secrets_ops(spec: Mapping[str, Any], names: Sequence[str]) -> list[dict[str, Any]]:
+    """The ops that make ``imagePullSecrets`` the list of ``names`` (entries the operator did not
+    add keep their place and content), or none when it already is. The whole list is tested and
+    replaced: it is short, and the patch already tests the StatefulSet's resourceVersion."""
+    current = list(spec.get("imagePullSecrets") or [])
+    if [ref.get("name") for ref in current] == list(names):
+        return []
+    path = "/spec/template/spec/imagePullSecrets"
+    by_name = {ref.get("name"): ref for ref in current}
+    value = [dict(by_name.get(name) or {"name": name}) for name in names]
+    if not value:
+        return [{"op": "test", "path": path, "value": current}, {"op": "remove", "path": path}]
+    if "imagePullSecrets" not in spec:
+        return [{"op": "add", "path": path, "value": value}]
+    return [{"op": "test", "path": path, "value": current}, {"op": "replace", "path": path, "value": value}]
 
 
 def _pointer(token: str) -> str:
@@ -414,8 +497,8 @@ def _remove_entry(base: str, list_name: str, items: list[Mapping[str, Any]], nam
 
 def removal_patch(template: Mapping[str, Any], resource_version: str | None = None) -> list[dict[str, Any]] | None:
     """The JSON patch that removes exactly what :func:`template_patch` added (the sidecar from
-    either list, the policy volume, the two annotations), or None if none is there. A list or
-    the annotations left empty go whole, as they were absent before the injection."""
+    either list, the policy volume, the pull secrets it added, its annotations), or None if none
+    is there. A list or the annotations left empty go whole, as they were absent before."""
     meta, spec = template.get("metadata") or {}, template.get("spec") or {}
     base = "/spec/template/spec"
     ops: list[dict[str, Any]] = []
@@ -425,7 +508,10 @@ def removal_patch(template: Mapping[str, Any], resource_version: str | None = No
         if _named(items, name) is not None:
             ops += _remove_entry(base, list_name, items, name)
     annotations = meta.get("annotations") or {}
-    ours = [key for key in (SIDECAR_HASH_ANNOTATION, POLICY_ANNOTATION) if key in annotations]
+    added = _added_secrets(annotations)
+    ops += _secrets_ops(spec, [name for name in _secret_names(spec) if name not in added])
+    ours = [key for key in (SIDECAR_HASH_ANNOTATION, POLICY_ANNOTATION, PULL_SECRETS_ANNOTATION)
+            if key in annotations]
     if set(annotations) and set(annotations) <= set(ours):
         ops.append({"op": "remove", "path": "/spec/template/metadata/annotations"})
     else:
@@ -435,6 +521,56 @@ def removal_patch(template: Mapping[str, Any], resource_version: str | None = No
     if resource_version is not None:
         ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version})
     return ops
+
+
+def patched(document: Mapping[str, Any], ops: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A copy of ``document`` with a JSON patch of :func:`template_patch` or :func:`removal_patch`
+    applied (the ops they use: test, add, replace, remove), as the API server would apply it.
+    The operator sends the patch, never this result; it builds the pod of the admission dry
+    run from it. A failing ``test`` raises ValueError, as the server answers 422."""
+    out = copy.deepcopy(dict(document))
+    for op in ops:
+        *parents, last = [part.replace("~1", "/").replace("~0", "~") for part in op["path"].split("/")[1:]]
+        node: Any = out
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        key: Any = last if not isinstance(node, list) else (len(node) if last == "-" else int(last))
+        if op["op"] == "test":
+            if node[key] != op["value"]:
+                raise ValueError(f"test failed at {op['path']}")
+        elif op["op"] == "add" and isinstance(node, list):
+            node.insert(key, copy.deepcopy(op["value"]))
+        elif op["op"] in ("add", "replace"):
+            node[key] = copy.deepcopy(op["value"])
+        elif op["op"] == "remove":
+            del node[key]
+        else:
+            raise ValueError(f"unsupported JSON patch op {op['op']!r}")
+    return out
+
+
+def pod_from_template(stateful_set: Mapping[str, Any], template: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The pod the StatefulSet controller would create from ``template`` (default: the
+    StatefulSet's own), for a server-side dry-run create: the template's metadata and spec, a
+    ``generateName`` (a dry run of an existing name would fail on the name alone) and, as the
+    controller adds them, a ``persistentVolumeClaim`` volume for each claim template (the claims
+    need not exist for the API server to admit the pod)."""
+    meta = stateful_set["metadata"]
+    sts_spec = stateful_set.get("spec") or {}
+    template = template if template is not None else sts_spec.get("template") or {}
+    spec = copy.deepcopy(dict(template.get("spec") or {}))
+    volumes = list(spec.get("volumes") or [])
+    for claim in sts_spec.get("volumeClaimTemplates") or []:
+        name = (claim.get("metadata") or {}).get("name")
+        if name and _named(volumes, name) is None:
+            volumes.append({"name": name, "persistentVolumeClaim": {"claimName": f"{name}-{meta['name']}-0"}})
+    if volumes:
+        spec["volumes"] = volumes
+    pod_meta = {key: copy.deepcopy(value) for key, value in (template.get("metadata") or {}).items()
+                if key in ("labels", "annotations")}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {**pod_meta, "generateName": f"{meta['name']}-", "namespace": meta.get("namespace")},
+            "spec": spec}
 
 
 # --------------------------------------------------------------------------------------------
@@ -453,6 +589,9 @@ def inject_into_pod(pod: Mapping[str, Any], sidecar: Sidecar) -> dict[str, Any]:
     spec.setdefault(sidecar.list_name, []).append(copy.deepcopy(sidecar.container))
     volumes = [v for v in spec.get("volumes") or [] if v.get("name") != POLICY_VOLUME]
     spec["volumes"] = [*volumes, copy.deepcopy(sidecar.volume)]
+    secrets = _secret_names(spec)
+    if missing := [name for name in sidecar.pull_secrets if name not in secrets]:
+        spec["imagePullSecrets"] = [*(spec.get("imagePullSecrets") or []), *({"name": n} for n in missing)]
     meta = out.setdefault("metadata", {})
     meta["annotations"] = {**(meta.get("annotations") or {}), **sidecar.annotations}
     return out

@@ -141,6 +141,13 @@ class Kube:
 
     # -- pods ------------------------------------------------------------------------------
 
+    def dry_run_pod(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create ``body`` with ``dryRun=All``: the API server runs admission (Pod Security,
+        webhooks, ResourceQuota, LimitRange) and validation, and stores nothing. RBAC judges it
+        as ``create pods``."""
+        return _json(self.core.create_namespaced_pod(namespace, dict(body), dry_run="All", _preload_content=False,
+                                                     _request_timeout=TIMEOUT))
+
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         listing = _json(self.core.list_namespaced_pod(namespace, label_selector=label_selector,
                                                       _preload_content=False, _request_timeout=TIMEOUT))

@@ -297,6 +297,7 @@ def test_printer_columns() -> None:
     columns = {c["name"]: (c["type"], c["jsonPath"]) for c in VERSION["additionalPrinterColumns"]}
     assert columns["Mode"] == ("string", ".spec.mode")
     assert columns["Ready"] == ("string", '.status.conditions[?(@.type=="Ready")].status')
+    assert columns["Reason"] == ("string", '.status.conditions[?(@.type=="Ready")].reason')
     assert columns["Max Dirty"] == ("number", ".status.summary.maxDirtyRatio")
     assert columns["Uncleanable"] == ("integer", ".status.summary.uncleanablePartitions")
     assert columns["Brokers"] == ("string", ".status.summary.brokers")
@@ -461,6 +462,12 @@ def expressions(*entries: dict[str, Any]) -> dict[str, Any]:
     return selector(matchExpressions=list(entries))
 
 
+def security(**fields: Any) -> dict[str, Any]:
+    return {"sidecar": {"securityContext": fields}}
+
+
+SC = "spec.sidecar.securityContext"
+
 #: (schema location, rule, valid spec, invalid spec, the field both report for the invalid one)
 CEL_RULES = [
     (
@@ -520,6 +527,32 @@ CEL_RULES = [
         {"target": {**TARGET, "logDirs": ["data", "x/../y"]}},
         "spec.target.logDirs[1]",
     ),
+    # The sidecar's securityContext, held to Pod Security "restricted" (one rule per field).
+    (f"{SC}.allowPrivilegeEscalation", "!self", security(allowPrivilegeEscalation=False),
+     security(allowPrivilegeEscalation=True), f"{SC}.allowPrivilegeEscalation"),
+    (f"{SC}.appArmorProfile.type", "self != 'Unconfined'",
+     security(appArmorProfile={"type": "Localhost", "localhostProfile": "k8s-kafka"}),
+     security(appArmorProfile={"type": "Unconfined"}), f"{SC}.appArmorProfile.type"),
+    (f"{SC}.capabilities.add[]", "self == 'NET_BIND_SERVICE'", security(capabilities={"add": ["NET_BIND_SERVICE"]}),
+     security(capabilities={"add": ["NET_BIND_SERVICE", "SYS_ADMIN"]}), f"{SC}.capabilities.add[1]"),
+    (f"{SC}.capabilities.drop", "size(self) == 0 || 'ALL' in self", security(capabilities={"drop": ["NET_RAW", "ALL"]}),
+     security(capabilities={"drop": ["NET_RAW"]}), f"{SC}.capabilities.drop"),
+    (f"{SC}.privileged", "!self", security(privileged=False), security(privileged=True), f"{SC}.privileged"),
+    (f"{SC}.procMount", "self == 'Default'", security(procMount="Default"), security(procMount="Unmasked"),
+     f"{SC}.procMount"),
+    (f"{SC}.runAsNonRoot", "self", security(runAsNonRoot=True, runAsUser=1001), security(runAsNonRoot=False),
+     f"{SC}.runAsNonRoot"),
+    (f"{SC}.runAsUser", "self != 0", security(runAsUser=1000, runAsGroup=0), security(runAsUser=0),
+     f"{SC}.runAsUser"),
+    (f"{SC}.seLinuxOptions.user", "self == ''", security(seLinuxOptions={"user": "", "level": "s0:c1,c2"}),
+     security(seLinuxOptions={"user": "system_u"}), f"{SC}.seLinuxOptions.user"),
+    (f"{SC}.seLinuxOptions.role", "self == ''", security(seLinuxOptions={"role": ""}),
+     security(seLinuxOptions={"role": "system_r"}), f"{SC}.seLinuxOptions.role"),
+    (f"{SC}.seLinuxOptions.type", "self in ['', 'container_t', 'container_init_t', 'container_kvm_t']",
+     security(seLinuxOptions={"type": "container_init_t"}), security(seLinuxOptions={"type": "spc_t"}),
+     f"{SC}.seLinuxOptions.type"),
+    (f"{SC}.seccompProfile.type", "self != 'Unconfined'", security(seccompProfile={"type": "RuntimeDefault"}),
+     security(seccompProfile={"type": "Unconfined"}), f"{SC}.seccompProfile.type"),
 ]
 
 

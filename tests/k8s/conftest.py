@@ -30,6 +30,11 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     with running(tmp_path_factory.mktemp("control-plane")) as plane:
         crd = pathlib.Path(__file__).resolve().parents[2] / "crds" / "compactionpolicy.yaml"
         plane.kubectl("apply", "--server-side", "-f", str(crd))
+        # kubectl wait fails at once on a CRD without status conditions yet (the API server
+        # writes them once it has compiled the CEL rules, later under load): wait for them first.
+        wait_for(lambda: json.loads(plane.kubectl("get", "crd", "compactionpolicies.kafkacleaner.io", "-o", "json")
+                                    .stdout).get("status", {}).get("conditions"),
+                 timeout=60, what="the CRD's status conditions")  # fmt: skip
         plane.kubectl("wait", "--for=condition=Established", "crd/compactionpolicies.kafkacleaner.io", "--timeout=60s")
         yield plane
 

@@ -119,7 +119,11 @@ def test_helm_installs_upgrades_and_uninstalls_the_chart_and_its_rbac_is_what_th
     account = f"system:serviceaccount:{ns}:life-kafka-cleaner-operator"
 
     def can(verb: str, resource: str, namespace: str = "kafka") -> bool:
-        proc = plane.kubectl("auth", "can-i", verb, resource, "-n", namespace, f"--as={account}", check=False)
+        # "pods/exec" as one argument would be the pod named "exec": subresources are an option.
+        resource, _, subresource = resource.partition("/")
+        extra = [f"--subresource={subresource}"] if subresource else []
+        proc = plane.kubectl("auth", "can-i", verb, resource, *extra, "-n", namespace, f"--as={account}",
+                             check=False)
         return proc.stdout.strip() == "yes"
 
     for verb, resource in [
@@ -128,6 +132,7 @@ def test_helm_installs_upgrades_and_uninstalls_the_chart_and_its_rbac_is_what_th
         ("patch", "compactionpolicies.kafkacleaner.io/status"),
         ("patch", "statefulsets.apps"),
         ("list", "pods"),
+        ("create", "pods"),  # only ever with dryRun=All
         ("create", "configmaps"),
         ("create", "events"),
     ]:
@@ -136,6 +141,10 @@ def test_helm_installs_upgrades_and_uninstalls_the_chart_and_its_rbac_is_what_th
         ("get", "secrets"),
         ("list", "secrets"),
         ("create", "pods/exec"),
+        ("get", "pods"),  # granted once, never used
+        ("watch", "statefulsets.apps"),
+        ("list", "configmaps"),
+        ("patch", "configmaps"),
         ("delete", "statefulsets.apps"),
         ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
     ]:
@@ -300,10 +309,13 @@ def _policy_document(namespace: str) -> dict:
             "spec": {"target": target}}  # fmt: skip
 
 
-def _create_object(plane: ControlPlane, obj: dict) -> subprocess.CompletedProcess[str]:
+def _create_object(plane: ControlPlane, obj: dict, *, output: bool = False) -> subprocess.CompletedProcess[str]:
+    """A server-side dry-run create (admission, defaulting and the pod's computed status run;
+    nothing is stored); ``output``: the object the API server returns, as JSON."""
     path = plane.root / "object.yaml"
     path.write_text(yaml.safe_dump(obj))
-    return plane.kubectl("create", "--dry-run=server", "-f", str(path), check=False)
+    return plane.kubectl("create", "--dry-run=server", "-f", str(path), *(["-o", "json"] if output else []),
+                         check=False)
 
 
 def test_the_label_selector_the_operator_sends_lists_the_pods_the_api_server_selects(plane: ControlPlane) -> None:
@@ -333,3 +345,38 @@ def _create_object_for_real(plane: ControlPlane, obj: dict) -> None:
     path = plane.root / "object.yaml"
     path.write_text(yaml.safe_dump(obj))
     plane.kubectl("create", "-f", str(path))
+
+
+@pytest.mark.parametrize(("resources", "qos"), [
+    (None, "Guaranteed"),  # the defaults: requests = limits
+    ({"limits": {"cpu": "100m", "memory": "256Mi"}}, "Guaranteed"),  # the API server sets requests = limits
+    ({"requests": {"cpu": "100m", "memory": "256Mi"}}, "Burstable"),  # no limits: the pod is no longer Guaranteed
+])
+@pytest.mark.parametrize("native", [True, False], ids=["native", "container"])
+def test_the_qos_class_the_api_server_gives_a_guaranteed_broker_with_the_sidecar(
+    plane: ControlPlane, resources: dict | None, qos: str, native: bool
+) -> None:
+    """The API server computes ``status.qosClass`` over every container, init and native
+    sidecar containers included: the default sidecar keeps a Guaranteed broker Guaranteed."""
+    guaranteed = {"cpu": "1", "memory": "2Gi"}
+    broker = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "qos-broker-", "namespace": "default"},  # a dry run of a taken name fails
+        "spec": {
+            "containers": [{"name": "kafka", "image": "apache/kafka:4.1.0",
+                            "resources": {"requests": guaranteed, "limits": guaranteed},
+                            "volumeMounts": [{"name": "data", "mountPath": "/var/lib/kafka"}]}],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+        },
+    }  # fmt: skip
+    alone = _create_object(plane, broker, output=True)
+    assert alone.returncode == 0, alone.stderr
+    assert json.loads(alone.stdout)["status"]["qosClass"] == "Guaranteed"
+    document = _policy_document("default")
+    if resources is not None:
+        document["spec"]["sidecar"] = {"resources": resources}
+    sidecar = build_sidecar(parse_policy(document), image="kc:test", native=native)
+    created = _create_object(plane, inject_into_pod(broker, sidecar), output=True)
+    assert created.returncode == 0, created.stderr
+    assert json.loads(created.stdout)["status"]["qosClass"] == qos

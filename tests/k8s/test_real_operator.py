@@ -20,7 +20,7 @@ from typing import Any
 import kubernetes
 import pytest
 import yaml
-from compaction_operator import handlers, metrics
+from compaction_operator import handlers, injection, metrics
 from compaction_operator.injection import SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION, find_sidecar
 from control_plane import ControlPlane, activated_kubeconfig, available, missing_reason
 from kubelet import ConfigMapVolume, SidecarProcess, files_of
@@ -372,3 +372,166 @@ def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_create
     # kopf leaves its configurations behind (and an empty validating one of the same name).
     kinds = "mutatingwebhookconfiguration,validatingwebhookconfiguration"
     plane.kubectl("delete", kinds, WEBHOOK, "--ignore-not-found")
+
+
+@pytest.mark.parametrize("as_the_chart", ["plain"], indirect=True)
+def test_a_pod_admission_would_refuse_is_never_rolled_out_and_the_reason_is_reported(
+    as_the_chart: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A namespace at Pod Security ``enforce: restricted`` with a compliant broker. A sidecar
+    that breaks the profile (a default gone wrong: the CRD's CEL rules refuse such a policy, see
+    test_a_policy_editor_cannot_get_a_privileged_sidecar_injected) is dry-run first: the real
+    PodSecurity admission refuses it, the StatefulSet is not touched, the broker keeps running,
+    and the policy is Stalled with the API server's message and a Warning Event. With a
+    compliant sidecar the same round patches, and the pod the StatefulSet controller creates
+    passes the real admission with the sidecar and the policy's pull secret."""
+    plane, ns = as_the_chart, "psa-brokers"
+    plane.kubectl("create", "namespace", ns, check=False)
+    plane.kubectl("label", "--overwrite", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
+    cluster = ApiCluster(kubernetes.config.new_client_from_config(config_file=str(plane.kubeconfig)), ns)
+    restricted = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    broker = _broker()
+    broker["metadata"]["namespace"] = ns
+    spec = broker["spec"]["template"]["spec"]
+    del spec["hostNetwork"]  # Pod Security baseline refuses the host network
+    spec["securityContext"] = {"runAsNonRoot": True, "runAsUser": 1001, "seccompProfile": {"type": "RuntimeDefault"}}
+    spec["containers"][0]["securityContext"] = restricted
+    spec["imagePullSecrets"] = [{"name": "broker-pull"}]
+    path = plane.root / "restricted-broker.yaml"
+    path.write_text(yaml.safe_dump(broker))
+    plane.kubectl("apply", "-f", str(path))
+
+    def running(with_sidecar: bool) -> dict[str, Any] | None:
+        p = cluster.pod("broker-0")
+        if p is None or p["metadata"].get("deletionTimestamp") or p["status"].get("phase") != "Running":
+            return None
+        return p if (find_sidecar(p["spec"]) is not None) == with_sidecar else None
+
+    first = wait_for(lambda: running(False), timeout=TIMEOUT, what="the restricted broker-0 running")
+    original = cluster.sts()
+    # A sidecar that escalates privileges: what the dry run is there to catch.
+    monkeypatch.setitem(injection.RESTRICTED_SECURITY_CONTEXT, "allowPrivilegeEscalation", True)
+    with running_operator():
+        target = {"statefulSet": "broker", "dataVolume": "data", "mountPath": "/var/lib/kafka", "logDirs": ["data"]}
+        manifest = policy("guarded", target=target, reporting={"intervalSeconds": 1},
+                          sidecar={"imagePullSecrets": ["broker-pull", "cleaner-pull"]})
+        manifest["metadata"]["namespace"] = ns
+        path.write_text(yaml.safe_dump(manifest))
+        plane.kubectl("apply", "-f", str(path))
+        stalled = wait_for(lambda: (c := cluster.condition("guarded", "Stalled")).get("status") == "True" and c,
+                           timeout=TIMEOUT, what="Stalled")  # fmt: skip
+        assert stalled["reason"] == "AdmissionRejected", stalled
+        assert 'violates PodSecurity "restricted' in stalled["message"], stalled
+        assert "allowPrivilegeEscalation" in stalled["message"] and "without this change is admitted" in \
+            stalled["message"], stalled
+        wait_for(lambda: ("CompactionPolicy", "AdmissionRejected") in [e[:2] for e in cluster.events()],
+                 timeout=TIMEOUT, what="an AdmissionRejected Event")  # fmt: skip
+        sts = cluster.sts()
+        assert sts["metadata"]["generation"] == original["metadata"]["generation"]
+        assert canonical(sts["spec"]["template"]) == canonical(original["spec"]["template"])
+        assert cluster.pod("broker-0")["metadata"]["uid"] == first["metadata"]["uid"]  # never restarted
+
+        # The sidecar fixed: the next round dry-runs, admits and patches; the real pod passes too.
+        monkeypatch.undo()
+        pod = wait_for(lambda: running(True), timeout=TIMEOUT, what="broker-0 with the sidecar")
+        assert pod["spec"]["imagePullSecrets"] == [{"name": "broker-pull"}, {"name": "cleaner-pull"}]
+        template = cluster.sts()["spec"]["template"]
+        assert template["metadata"]["annotations"]["kafkacleaner.io/image-pull-secrets"] == "cleaner-pull"
+        wait_for(lambda: cluster.condition("guarded", "Stalled").get("status") == "False", timeout=TIMEOUT,
+                 what="Stalled cleared")  # fmt: skip
+
+        plane.kubectl("delete", "-n", ns, "compactionpolicy", "guarded", "--wait=true", f"--timeout={int(TIMEOUT)}s")
+        wait_for(lambda: running(False), timeout=TIMEOUT, what="broker-0 without the sidecar")
+        # The broker's own pull secret stays; only the one the operator added went.
+        assert canonical(cluster.sts()["spec"]["template"]) == canonical(original["spec"]["template"])
+    plane.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+@pytest.mark.parametrize("as_the_chart", ["plain"], indirect=True)
+def test_a_policy_editor_cannot_get_a_privileged_sidecar_injected(as_the_chart: ControlPlane) -> None:
+    """Someone bound only to the chart's aggregated CompactionPolicy role (what ``edit`` and
+    ``admin`` gain from it), with a token the API server issued: the API server refuses every
+    policy whose sidecar would be privileged or run as root (the CRD's CEL rules), admits a
+    restricted one, and the user can neither create pods nor patch StatefulSets: the operator's
+    rights never pass to them."""
+    plane, ns = as_the_chart, "editors"
+    plane.kubectl("create", "namespace", ns, check=False)
+    plane.kubectl("create", "serviceaccount", "policy-editor", "-n", ns, check=False)
+    plane.kubectl("create", "rolebinding", "policy-editor", "-n", ns, "--clusterrole=kc-kafka-cleaner-operator-edit",
+                  f"--serviceaccount={ns}:policy-editor", check=False)  # fmt: skip
+    token = plane.kubectl("create", "token", "policy-editor", "-n", ns, "--duration=600s").stdout.strip()
+    kubeconfig = plane.root / "kubeconfig-editor"
+    kubeconfig.write_text(yaml.safe_dump(plane.kubeconfig_for(token)))
+
+    def create(name: str, security: dict[str, Any]) -> Any:
+        target = {"statefulSet": "broker", "dataVolume": "data", "mountPath": "/var/lib/kafka", "logDirs": ["data"]}
+        manifest = policy(name, target=target, sidecar={"securityContext": security})
+        manifest["metadata"]["namespace"] = ns
+        path = plane.root / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(manifest))
+        # A server-side dry run: authorized and admitted as a create, and nothing is left behind
+        # for the operators of the later tests to reconcile in a namespace being deleted.
+        return plane.kubectl("create", "--dry-run=server", "-f", str(path), kubeconfig=kubeconfig, check=False)
+
+    allowed = create("restricted", {"runAsUser": 1001, "runAsGroup": 1001,
+                                    "capabilities": {"add": ["NET_BIND_SERVICE"]}})
+    assert allowed.returncode == 0, allowed.stderr  # the role does allow creating policies
+    for name, security, field in [
+        ("privileged", {"privileged": True}, "privileged"),
+        ("escalating", {"allowPrivilegeEscalation": True}, "allowPrivilegeEscalation"),
+        ("capable", {"capabilities": {"add": ["SYS_ADMIN"]}}, "capabilities.add[0]"),
+        ("root", {"runAsUser": 0, "runAsNonRoot": False}, "runAsUser"),
+        ("unconfined", {"seccompProfile": {"type": "Unconfined"}}, "seccompProfile.type"),
+    ]:
+        refused = create(name, security)
+        assert refused.returncode != 0, f"{name} was admitted"
+        assert f"spec.sidecar.securityContext.{field}" in refused.stderr and "Pod Security restricted" in \
+            refused.stderr, refused.stderr
+    for verb, resource in [("create", "pods"), ("patch", "statefulsets.apps"), ("patch", "configmaps")]:
+        can = plane.kubectl("auth", "can-i", verb, resource, "-n", ns, kubeconfig=kubeconfig, check=False)
+        assert can.stdout.strip() == "no", (verb, resource)
+    plane.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+@pytest.mark.parametrize("as_the_chart", ["plain"], indirect=True)
+def test_a_dry_run_refused_for_the_broker_itself_says_the_sidecar_is_not_the_cause(
+    as_the_chart: ControlPlane,
+) -> None:
+    """A ResourceQuota with no room for one more pod: the dry run of the injected pod and of the
+    unchanged one are both refused (the dry run counts a pod beside the running broker), the
+    message says so, nothing is patched; with room, the same policy is injected."""
+    plane, ns = as_the_chart, "quota-brokers"
+    plane.kubectl("create", "namespace", ns, check=False)
+    plane.kubectl("create", "quota", "pods", "--hard=pods=1", "-n", ns)
+    cluster = ApiCluster(kubernetes.config.new_client_from_config(config_file=str(plane.kubeconfig)), ns)
+    broker = _broker()
+    broker["metadata"]["namespace"] = ns
+    path = plane.root / "quota-broker.yaml"
+    path.write_text(yaml.safe_dump(broker))
+    plane.kubectl("apply", "-f", str(path))
+    wait_for(lambda: (p := cluster.pod("broker-0")) and p["status"].get("phase") == "Running", timeout=TIMEOUT,
+             what="broker-0 running")  # fmt: skip
+    wait_for(lambda: json.loads(plane.kubectl("get", "quota", "pods", "-n", ns, "-o", "json").stdout)["status"].get(
+        "used", {}).get("pods") == "1", timeout=TIMEOUT, what="the quota's usage")  # fmt: skip
+    original = cluster.sts()
+    with running_operator():
+        target = {"statefulSet": "broker", "dataVolume": "data", "mountPath": "/var/lib/kafka", "logDirs": ["data"]}
+        manifest = policy("quota", target=target, reporting={"intervalSeconds": 1})
+        manifest["metadata"]["namespace"] = ns
+        path.write_text(yaml.safe_dump(manifest))
+        plane.kubectl("apply", "-f", str(path))
+        stalled = wait_for(lambda: (c := cluster.condition("quota", "Stalled")).get("status") == "True" and c,
+                           timeout=TIMEOUT, what="Stalled")  # fmt: skip
+        assert stalled["reason"] == "AdmissionRejected", stalled
+        assert "exceeded quota" in stalled["message"] and "without this change is rejected too" in \
+            stalled["message"], stalled
+        assert cluster.sts()["metadata"]["generation"] == original["metadata"]["generation"]
+        plane.kubectl("patch", "quota", "pods", "-n", ns, "--type=merge", "-p", '{"spec":{"hard":{"pods":"2"}}}')
+        wait_for(lambda: find_sidecar(cluster.sts()["spec"]["template"]["spec"]) is not None, timeout=TIMEOUT,
+                 what="the sidecar injected once the quota has room")  # fmt: skip
+        # The roll done before the deletion (a removal patch racing the StatefulSet controller's
+        # writes fails its resourceVersion test, and is retried with an error in the log).
+        wait_for(lambda: (p := cluster.pod("broker-0")) and p["status"].get("phase") == "Running"
+                 and find_sidecar(p["spec"]) is not None, timeout=TIMEOUT, what="broker-0 with the sidecar")
+        plane.kubectl("delete", "-n", ns, "compactionpolicy", "quota", "--wait=true", f"--timeout={int(TIMEOUT)}s")
+    plane.kubectl("delete", "namespace", ns, "--wait=false")

@@ -16,6 +16,7 @@ from compaction_operator import injection
 from compaction_operator.injection import (
     POLICY_ANNOTATION,
     POLICY_VOLUME,
+    PULL_SECRETS_ANNOTATION,
     SIDECAR_CONTAINER,
     SIDECAR_HASH_ANNOTATION,
     KubeVersion,
@@ -117,7 +118,7 @@ def test_sidecar_command_line_and_mounts() -> None:
     assert c["restartPolicy"] == "Always" and sidecar.list_name == "initContainers"
     assert sidecar.volume == {"name": POLICY_VOLUME, "configMap": {
         "name": "offsets-kafka-cleaner", "optional": True, "items": [{"key": "policy.yaml", "path": "policy.yaml"}]}}
-    assert "resources" not in c
+    assert c["resources"] == injection.DEFAULT_RESOURCES  # requests = limits: Guaranteed stays Guaranteed
 
 
 def test_regular_container_below_1_29() -> None:
@@ -137,10 +138,10 @@ def test_security_context_restricted_defaults_merged_with_the_policy() -> None:
     plain = build_sidecar(make_policy(), image=IMAGE, native=True).container["securityContext"]
     assert plain == injection.RESTRICTED_SECURITY_CONTEXT
     policy = make_policy(sidecar={"securityContext": {"runAsUser": 1001, "runAsGroup": 1001,
-                                                      "capabilities": {"add": ["CHOWN"]}}})
+                                                      "capabilities": {"add": ["NET_BIND_SERVICE"]}}})
     merged = build_sidecar(policy, image=IMAGE, native=True).container["securityContext"]
     assert merged["runAsUser"] == 1001 and merged["runAsGroup"] == 1001
-    assert merged["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert merged["capabilities"] == {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}
     assert merged["readOnlyRootFilesystem"] is True and merged["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
@@ -149,6 +150,11 @@ def test_resources_from_the_policy() -> None:
                                                 "limits": {"memory": 268435456}}})
     c = build_sidecar(policy, image=IMAGE, native=True).container
     assert c["resources"] == {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "268435456"}}
+    # Never merged with the defaults (a default limit below a request would make an invalid pod).
+    only = build_sidecar(make_policy(sidecar={"resources": {"limits": {"memory": "1Gi"}}}), image=IMAGE, native=True)
+    assert only.container["resources"] == {"limits": {"memory": "1Gi"}}
+    none = build_sidecar(make_policy(sidecar={"resources": {}}), image=IMAGE, native=True)
+    assert "resources" not in none.container
 
 
 def test_the_hash_follows_the_sidecar_not_the_rest_of_the_policy() -> None:
@@ -278,6 +284,63 @@ def test_inject_into_pod() -> None:
     assert injected["metadata"]["annotations"] == sidecar.annotations
     assert pod["metadata"].get("annotations") is None  # the input is not modified
     assert inject_into_pod(injected, sidecar) == injected  # a pod with the sidecar keeps it as it is
+
+
+def test_pull_secrets_are_merged_without_duplicates_and_only_the_added_ones_removed() -> None:
+    template = broker_template(imagePullSecrets=[{"name": "broker-pull"}])
+    wanted = make_policy(sidecar={"imagePullSecrets": ["broker-pull", "cleaner-pull"]})
+    sidecar = build_sidecar(wanted, image=IMAGE, native=True)
+    assert sidecar.hash != build_sidecar(make_policy(), image=IMAGE, native=True).hash
+    injected = apply(template, template_patch(template, sidecar, "7"))
+    assert injected["spec"]["imagePullSecrets"] == [{"name": "broker-pull"}, {"name": "cleaner-pull"}]
+    assert injected["metadata"]["annotations"][PULL_SECRETS_ANNOTATION] == "cleaner-pull"
+    assert template_patch(injected, sidecar, "7") is None
+    # Another secret instead: the one the operator added goes, the broker's own stays.
+    other = build_sidecar(make_policy(sidecar={"imagePullSecrets": ["other-pull"]}), image=IMAGE, native=True)
+    changed = apply(injected, template_patch(injected, other, "7"))
+    assert changed["spec"]["imagePullSecrets"] == [{"name": "broker-pull"}, {"name": "other-pull"}]
+    assert changed["metadata"]["annotations"][PULL_SECRETS_ANNOTATION] == "other-pull"
+    # None at all: no annotation left behind.
+    plain = build_sidecar(make_policy(), image=IMAGE, native=True)
+    dropped = apply(changed, template_patch(changed, plain, "7"))
+    assert dropped["spec"]["imagePullSecrets"] == [{"name": "broker-pull"}]
+    assert PULL_SECRETS_ANNOTATION not in dropped["metadata"]["annotations"]
+    # Removal restores the template exactly, the broker's own secret included.
+    assert apply(changed, removal_patch(changed, "7")) == template
+    bare = broker_template()
+    assert apply(apply(bare, template_patch(bare, sidecar, "7")), removal_patch(
+        apply(bare, template_patch(bare, sidecar, "7")), "7")) == bare
+    # The webhook's pod gets the missing ones too.
+    pod = {"metadata": {"name": "kafka-0"}, "spec": copy.deepcopy(template["spec"])}
+    assert inject_into_pod(pod, sidecar)["spec"]["imagePullSecrets"] == [{"name": "broker-pull"},
+                                                                         {"name": "cleaner-pull"}]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_patched_applies_the_patches_as_jsonpatch_does(native: bool) -> None:
+    """The operator's own applier (for the admission dry run) against the ``jsonpatch`` library."""
+    sidecar = build_sidecar(make_policy(sidecar={"imagePullSecrets": ["cleaner-pull"]}), image=IMAGE, native=native)
+    for template in (broker_template(), broker_template(imagePullSecrets=[{"name": "x"}]),
+                     {"metadata": {}, "spec": {"containers": [{"name": "kafka", "image": "k"}]}}):
+        patch = template_patch(template, sidecar, "7")
+        assert injection.patched(sts(template), patch) == jsonpatch.apply_patch(sts(template), patch)
+        injected = apply(template, patch)
+        removal = removal_patch(injected, "7")
+        assert injection.patched(sts(injected), removal) == jsonpatch.apply_patch(sts(injected), removal)
+    with pytest.raises(ValueError, match="test failed"):
+        injection.patched(sts(broker_template()), template_patch(broker_template(), sidecar, "8"))
+
+
+def test_the_dry_run_pod_is_the_one_the_statefulset_controller_would_create() -> None:
+    template = broker_template()
+    stateful_set = {"metadata": {"name": "kafka", "namespace": "brokers"}, "spec": {
+        "template": template, "volumeClaimTemplates": [{"metadata": {"name": "data"}}]}}
+    pod = injection.pod_from_template(stateful_set)
+    assert pod["metadata"] == {**template["metadata"], "generateName": "kafka-", "namespace": "brokers"}
+    assert pod["spec"]["volumes"] == [*template["spec"]["volumes"],
+                                      {"name": "data", "persistentVolumeClaim": {"claimName": "data-kafka-0"}}]
+    assert pod["spec"]["containers"] == template["spec"]["containers"]
+    assert "volumes" not in template["spec"] or len(template["spec"]["volumes"]) == 1  # the input is not modified
 
 
 #: (selector, labels, whether they match); tests/k8s/test_real_control_plane.py asks the real
