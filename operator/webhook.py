@@ -1,8 +1,9 @@
 """The mutating admission webhook for ``injection: webhook`` policies.
 
 Brokers that no StatefulSet owns (Strimzi's StrimziPodSets, for one) get the sidecar when their
-pods are created: kopf serves a ``@kopf.on.mutate`` handler for pods (CREATE), and keeps a
-MutatingWebhookConfiguration pointing at it. :func:`choose_policy` (pure) decides which
+pods are created: kopf serves a ``@kopf.on.mutate`` handler for pods (CREATE). The chart
+renders the MutatingWebhookConfiguration that points at it (opt-in by label, a 5 s timeout);
+only with ``KAFKA_CLEANER_WEBHOOK_CONFIGURATION`` set does kopf keep one of that name itself. :func:`choose_policy` (pure) decides which
 policy, if any, a new pod belongs to; the handler (handlers.py) returns the JSON patch of
 :func:`compaction_operator.injection.inject_into_pod`.
 
