@@ -32,7 +32,6 @@ DIGEST_SIZE = 16
 PARTITION_BITS = 8
 PARTITIONS = 1 << PARTITION_BITS
 MIN_SLOTS_PER_PARTITION = 4096  # below this, per-partition fill varies too much
-_EMPTY = np.uint32(0)
 _MAX_RELATIVE = 2**32 - 2  # stored as relative + 1, and 0 marks an empty slot
 
 
@@ -198,8 +197,7 @@ class OffsetMap:
         two keys share a digest: each digest holds one value). This answers without
         hashing the key again."""
         if self._values is None:
-            stored = self._offsets[self._offsets != _EMPTY]
-            self._values = np.sort(stored)
+            self._values = np.sort(_native.offset_map_values(self._rows, self.bytes_per_entry))
         relative = (np.asarray(offsets, dtype=np.int64) - self.base_offset + 1).astype(np.uint32)
         at = np.searchsorted(self._values, relative)
         found = np.zeros(relative.shape, dtype=bool)

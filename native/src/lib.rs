@@ -167,6 +167,31 @@ fn offset_map_locate<'py>(
     Ok((slots.into_pyarray(py), found.into_pyarray(py)))
 }
 
+/// The stored offsets of the occupied slots (the rows whose offset field is not 0), in slot
+/// order: one sequential pass over the rows, where numpy needed a strided copy of every
+/// slot's field, a comparison and a compress.
+#[pyfunction]
+fn offset_map_values<'py>(
+    py: Python<'py>,
+    rows: PyReadonlyArray1<'py, u8>,
+    row_size: usize,
+) -> PyResult<Bound<'py, PyArray1<u32>>> {
+    let rows = rows.as_slice()?;
+    if row_size < offset_map::OFFSET_BYTES || rows.len() % row_size != 0 {
+        return Err(PyValueError::new_err("rows are not a whole number of rows"));
+    }
+    let values = py.allow_threads(|| {
+        rows.chunks_exact(row_size)
+            .filter_map(|row| {
+                let stored =
+                    u32::from_le_bytes(row[..offset_map::OFFSET_BYTES].try_into().unwrap());
+                (stored != 0).then_some(stored)
+            })
+            .collect::<Vec<u32>>()
+    });
+    Ok(values.into_pyarray(py))
+}
+
 type BytesEnds<'py> = (Bound<'py, PyBytes>, Bound<'py, PyArray1<i64>>);
 
 /// Kept records re-encoded with new timestamp deltas: `(bytes, record ends)`.
@@ -313,6 +338,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(assemble_batches, m)?)?;
     m.add_function(wrap_pyfunction!(offset_map_insert, m)?)?;
     m.add_function(wrap_pyfunction!(offset_map_locate, m)?)?;
+    m.add_function(wrap_pyfunction!(offset_map_values, m)?)?;
     m.add_function(wrap_pyfunction!(decode_records, m)?)?;
     m.add_function(wrap_pyfunction!(digest_keys, m)?)?;
     m.add_function(wrap_pyfunction!(crc32c_of, m)?)?;

@@ -155,3 +155,21 @@ def test_crc32c_spans_outside_the_buffer_or_a_strided_buffer_are_refused() -> No
         _native.crc32c_spans(b"abc", np.array([2], dtype=np.int64), np.array([4], dtype=np.int64))
     with pytest.raises(ValueError, match="not contiguous"):
         _native.crc32c(memoryview(b"abcdef")[::2])
+
+
+@settings(max_examples=50, deadline=None)
+@given(keys=st.integers(min_value=0, max_value=400), seed=st.integers(min_value=0, max_value=2**16))
+def test_offset_map_values_are_the_occupied_slots_offsets(keys: int, seed: int) -> None:
+    from cleaner.engine.offset_map import OffsetMap
+
+    m = OffsetMap(64 * 1024)
+    digests = np.random.default_rng(seed).integers(0, 256, (keys, 16), dtype=np.uint8)
+    m.put_many(digests, np.arange(keys, dtype=np.int64) * 3)
+    reference = m._offsets[m._offsets != 0]  # the numpy form the kernel replaced, slot order
+    assert _native.offset_map_values(m._rows, m.bytes_per_entry).tolist() == reference.tolist()
+    assert len(reference) == m.size
+
+
+def test_offset_map_values_refuses_rows_of_another_size() -> None:
+    with pytest.raises(ValueError, match="whole number of rows"):
+        _native.offset_map_values(np.zeros(40, dtype=np.uint8), 19)
