@@ -6,6 +6,9 @@ nothing is ever cut (``wide``: a plain aligned table, or ``tsv``: raw numbers, o
 line). Sizes read by a person are binary units labelled so (KiB, MiB, GiB); TSV and JSON
 carry plain byte counts. Progress bars go to stderr, only on a terminal, and never pass
 100%: when the work outgrows its estimate the total grows with it.
+
+rich is imported only to draw (a table on a terminal, a progress bar): a command whose output
+goes to a pipe never pays its import.
 """
 
 from __future__ import annotations
@@ -14,13 +17,9 @@ import contextlib
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
-from rich.table import Table
-from rich.text import Text
 
 FORMATS = ("table", "wide", "tsv", "json")
 
@@ -138,6 +137,9 @@ def print_table(fmt: str, title: str, columns: Sequence[Column], rows: Sequence[
         for r in text:
             click.echo(line(r))
         return
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=title)
     for c in columns:
         table.add_column(c.name, justify="right" if c.right else "left")
@@ -150,44 +152,54 @@ def print_table(fmt: str, title: str, columns: Sequence[Column], rows: Sequence[
 # Progress
 
 
-class _BinarySpeedColumn(ProgressColumn):
-    def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text("" if speed is None else f"{binary_bytes(speed)}/s", style="progress.data.speed")
-
-
 class ByteProgress:
     """A progress bar over bytes on stderr (binary units), shown only on a terminal and
     when not switched off; ``advance`` never takes it past 100%: work beyond the estimate
     grows the total instead."""
 
     def __init__(self, label: str, total: int | None, *, enabled: bool = True) -> None:
-        console = Console(stderr=True)
-        self.shown = enabled and console.is_terminal
-        self._progress = Progress(
-            TextColumn(label),
-            BarColumn(),
-            DownloadColumn(binary_units=True),
-            _BinarySpeedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            transient=True,
-        )
-        self._task = self._progress.add_task(label, total=total or None)
+        self.shown = enabled and sys.stderr.isatty()
         self.completed = 0
         self.total = total or 0
+        self._progress = _rich_progress(label) if self.shown else None
+        self._task = self._progress.add_task(label, total=total or None) if self._progress is not None else None
 
     def advance(self, n: int) -> None:
         self.completed += n
-        if self.total and self.completed > self.total:
+        grown = bool(self.total) and self.completed > self.total
+        if grown:
             self.total = self.completed
-            self._progress.update(self._task, total=self.total)
-        self._progress.advance(self._task, n)
+        if self._progress is not None:
+            if grown:
+                self._progress.update(self._task, total=self.total)
+            self._progress.advance(self._task, n)
 
     @contextlib.contextmanager
     def shown_while(self) -> Iterator[ByteProgress]:
-        if not self.shown:
+        if self._progress is None:
             yield self
             return
         with self._progress:
             yield self
+
+
+def _rich_progress(label: str) -> Any:
+    """rich's progress bar with a speed column in binary units, on stderr."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
+    from rich.text import Text
+
+    class BinarySpeed(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text("" if speed is None else f"{binary_bytes(speed)}/s", style="progress.data.speed")
+
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        BinarySpeed(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )

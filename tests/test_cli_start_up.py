@@ -33,3 +33,22 @@ def test_every_listed_command_is_the_command_it_names() -> None:
         assert isinstance(command, click.Command) and command.name == name
         full = command.get_short_help_str(limit=1000)
         assert full.split()[0] == summary.split()[0], (name, full, summary)
+
+
+def test_a_command_into_a_pipe_imports_no_rich(tmp_path) -> None:
+    """rich draws tables and progress bars on a terminal; into a pipe nothing needs it."""
+    from cleaner.generate import GeneratorConfig, generate
+
+    generate(tmp_path / "logs", GeneratorConfig(topics=1, partitions=1, records=200))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("mode: compact\ntopics:\n  - match: '.*'\n    cleanupPolicy: compact\n")
+    probe = (
+        "import sys\n"
+        "from cleaner.cli import main\n"
+        f"for args in (['status', {str(tmp_path / 'logs')!r}, '--policy', {str(policy)!r}],\n"
+        f"             ['clean', {str(tmp_path / 'logs')!r}, '--policy', {str(policy)!r}]):\n"
+        "    try:\n        main(args)\n    except SystemExit as e:\n        assert e.code == 0, e.code\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich'))\n"
+    )
+    done = subprocess.run([sys.executable, "-P", "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-2000:]
