@@ -77,6 +77,8 @@ class ReplicaFacts:
     clean_bytes: int
     dirty_bytes: int
     probes: tuple[BatchProbe, ...] = ()
+    min_cleanable_ratio: float = 0.5
+    """The partition's ``min.cleanable.dirty.ratio``: above it, its cleaner is due."""
 
     def as_status(self, topic: str, partition: int) -> dict[str, object]:
         return {
@@ -88,6 +90,7 @@ class ReplicaFacts:
             "firstDirtyOffset": self.first_dirty_offset,
             "cleanBytes": self.clean_bytes,
             "dirtyBytes": self.dirty_bytes,
+            "minCleanableRatio": self.min_cleanable_ratio,
             "batches": [p.as_status() for p in self.probes],
         }
 
@@ -124,6 +127,7 @@ def replica_facts(partition_log: Log, report: PartitionReport) -> ReplicaFacts:
         clean_bytes=report.clean_bytes,
         dirty_bytes=dirty,
         probes=tuple(probes),
+        min_cleanable_ratio=report.min_cleanable_ratio,
     )
 
 

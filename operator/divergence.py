@@ -17,11 +17,13 @@ ran; the comparison flags only what those do not explain:
     retention deletes whole segments on each broker at times of its own, so a segment apart
     is timing; a quarter of the log is several segments on any log retention keeps.
 ``cleanSkew``
-    one replica's dirty ratio (dirty bytes over all bytes) exceeds another's by at least
-    :data:`CLEAN_SKEW` while the other has already cleaned offsets it has not: the picture of
-    a cleaner that died on one broker (Kafka's ``DeadThreadCount``, per partition and named).
-    A working cleaner keeps the ratio near ``min.cleanable.dirty.ratio`` (0.5 by default) at
-    most, so two working replicas stay closer than that.
+    one replica's dirty section is at least :data:`CLEAN_SKEW` times the whole of another's log,
+    its dirty ratio (dirty bytes over all bytes) is past its ``min.cleanable.dirty.ratio`` (its
+    cleaner is due), and the other has cleaned offsets it has not (so they were cleanable): the
+    size skew of a cleaner that died on one broker (Kafka's ``DeadThreadCount``, per partition
+    and named). A working cleaner cleans once the ratio passes the threshold, so its dirty
+    section stays about the size of its clean section, itself about the size of another
+    replica's compacted log: twice that is not waiting, it is not cleaning.
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from cleaner.output import binary_bytes
+
 __all__ = ["CLEAN_SKEW", "KINDS", "LOG_START_SKEW", "MAX_DIVERGING", "Divergence", "diverging_partitions"]
 
 LOG_START_SKEW = 0.25
-CLEAN_SKEW = 0.5
+CLEAN_SKEW = 2.0
 #: status.divergingPartitions holds at most this many entries (the CRD's maxItems).
 MAX_DIVERGING = 50
 KINDS = ("divergentBatch", "logStartSkew", "cleanSkew")
@@ -126,11 +130,16 @@ def _dirty_ratio(replica: Mapping[str, Any]) -> float:
 
 
 def _clean(a: str, ra: Mapping[str, Any], b: str, rb: Mapping[str, Any]) -> tuple[str, str | None, tuple[str, ...]]:
-    (behind, rbehind), (ahead, rahead) = sorted(((a, ra), (b, rb)), key=lambda p: -_dirty_ratio(p[1]))
-    skew = _dirty_ratio(rbehind) - _dirty_ratio(rahead)
-    if skew >= CLEAN_SKEW and rbehind["firstDirtyOffset"] < rahead["firstDirtyOffset"]:
-        return ("cleanSkew",
-                f"{behind} has cleaned up to offset {rbehind['firstDirtyOffset']} ({rbehind['cleanBytes']} bytes "
-                f"clean, dirty ratio {_dirty_ratio(rbehind):.2f}), {ahead} up to {rahead['firstDirtyOffset']} "
-                f"(dirty ratio {_dirty_ratio(rahead):.2f}): is the log cleaner on {behind} dead?", (behind,))
+    for (behind, rbehind), (ahead, rahead) in (((a, ra), (b, rb)), ((b, rb), (a, ra))):
+        other_log = rahead["cleanBytes"] + rahead["dirtyBytes"]
+        ratio = _dirty_ratio(rbehind)
+        if (rbehind["firstDirtyOffset"] < rahead["firstDirtyOffset"]
+                and ratio > rbehind.get("minCleanableRatio", 0.5)
+                and rbehind["dirtyBytes"] >= CLEAN_SKEW * max(other_log, 1)):
+            return ("cleanSkew",
+                    f"{behind} has cleaned up to offset {rbehind['firstDirtyOffset']} "
+                    f"(dirty {binary_bytes(rbehind['dirtyBytes'])}, ratio {ratio:.2f}), {ahead} up to "
+                    f"{rahead['firstDirtyOffset']} (its whole log {binary_bytes(other_log)}): is the log cleaner "
+                    f"on {behind} dead?", (behind,))
     return "cleanSkew", None, ()
+

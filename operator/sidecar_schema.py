@@ -219,7 +219,8 @@ SCHEMA: dict[str, Any] = {
                     "items": {
                         "type": "object",
                         "required": ["topic", "partition", "logStartOffset", "logEndOffset", "highWatermark",
-                                     "firstDirtyOffset", "cleanBytes", "dirtyBytes", "batches"],
+                                     "firstDirtyOffset", "cleanBytes", "dirtyBytes", "minCleanableRatio",
+                                     "batches"],
                         "properties": {
                             "topic": {"type": "string", "minLength": 1, "maxLength": 255},
                             "partition": _COUNT,
@@ -231,6 +232,7 @@ SCHEMA: dict[str, Any] = {
                                                  "description": "The cleaner checkpoint: below it, the clean section."},
                             "cleanBytes": _BYTES,
                             "dirtyBytes": _BYTES,
+                            "minCleanableRatio": _RATIO | {"description": "The partition's min.cleanable.dirty.ratio."},
                             "batches": {
                                 "type": "array",
                                 "maxItems": 4,

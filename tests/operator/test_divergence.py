@@ -23,14 +23,14 @@ CRC = 0x1234ABCD
 
 def replica(*, log_start: int = 0, log_end: int = 5000, hw: int | None = 5000, first_dirty: int = 3000,
             clean: int = 300_000, dirty: int = 200_000, batches: list[list[int]] | None = None,
-            topic: str = "orders", partition: int = 0) -> dict[str, Any]:
+            topic: str = "orders", partition: int = 0, min_ratio: float = 0.5) -> dict[str, Any]:
     """One partition's replica facts as a sidecar reports them; by default the batches every
     in-sync replica with this high watermark holds (the aligned one and the last one)."""
     if batches is None:
         batches = [[4096, 4105, CRC], [hw - 10, hw - 1, CRC + hw]] if hw is not None else []
     return {"topic": topic, "partition": partition, "logStartOffset": log_start, "logEndOffset": log_end,
             "highWatermark": hw, "firstDirtyOffset": first_dirty, "cleanBytes": clean, "dirtyBytes": dirty,
-            "batches": batches}
+            "minCleanableRatio": min_ratio, "batches": batches}
 
 
 def report(pod: str, *entries: dict[str, Any]) -> dict[str, Any]:
@@ -99,12 +99,24 @@ def test_a_cleaner_far_behind_on_one_broker_is_a_clean_skew_that_names_that_brok
     dead = replica(first_dirty=0, clean=0, dirty=1_900_000)
     [found] = diverging_partitions({"kafka-0": report("kafka-0", working), "kafka-1": report("kafka-1", dead)})
     assert (found.kind, found.brokers) == ("cleanSkew", ("kafka-1",))
-    assert "is the log cleaner on kafka-1 dead?" in found.detail
-    # A replica whose cleaner is merely waiting for the dirty ratio (0.5) is not behind.
+    assert found.detail == ("kafka-1 has cleaned up to offset 0 (dirty 1.8 MiB, ratio 1.00), kafka-0 up to 4000 "
+                            "(its whole log 488.3 KiB): is the log cleaner on kafka-1 dead?")
+    # The same replicas the other way round name the same broker.
+    assert kinds({"kafka-0": report("kafka-0", dead), "kafka-1": report("kafka-1", working)}) == [
+        ("cleanSkew", ("kafka-0",))]
+    # A replica whose cleaner waits for the dirty ratio (0.5) is not behind, however dirty the
+    # other is not; nor one past its ratio whose dirty section is not twice the other's log.
     waiting = replica(first_dirty=2000, clean=250_000, dirty=250_000)
     assert kinds({"kafka-0": report("kafka-0", working), "kafka-1": report("kafka-1", waiting)}) == []
+    due = replica(first_dirty=2000, clean=200_000, dirty=900_000)
+    assert kinds({"kafka-0": report("kafka-0", working), "kafka-1": report("kafka-1", due)}) == []
+    # A topic with min.cleanable.dirty.ratio 0.9: a replica at 0.8 is waiting, not dead.
+    patient = replica(first_dirty=0, clean=300_000, dirty=1_200_000, min_ratio=0.9)
+    assert kinds({"kafka-0": report("kafka-0", replica(first_dirty=4000, clean=200_000, dirty=50_000,
+                                                       min_ratio=0.9)),
+                  "kafka-1": report("kafka-1", patient)}) == []
     # Dirtier but not behind in offsets: the other has not cleaned what this one has not.
-    assert kinds({"kafka-0": report("kafka-0", replica(first_dirty=0, clean=10, dirty=1000)),
+    assert kinds({"kafka-0": report("kafka-0", replica(first_dirty=0, clean=10, dirty=100_000)),
                   "kafka-1": report("kafka-1", replica(first_dirty=0, clean=1000, dirty=10))}) == []
 
 
