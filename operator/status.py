@@ -441,7 +441,8 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
 
     if diverging:
         first = diverging[0]
-        more = f" (and {diverging_count - 1} more partitions)" if diverging_count > 1 else ""
+        others = diverging_count - 1
+        more = f" (and {others} more partition{'s' if others > 1 else ''})" if others else ""
         put("ReplicasDiverge", True, "ReplicasDiverge",
             f"{first['topic']}-{first['partition']} {first['kind']} on {_names(first['brokers'])}: "
             f"{first['detail']}{more}")

@@ -151,7 +151,7 @@ def test_the_policy_status_lists_them_counts_them_and_says_so_in_a_condition() -
     diverge = condition(status)
     assert (diverge["status"], diverge["reason"]) == ("True", "ReplicasDiverge")
     assert diverge["message"].startswith("orders-0 divergentBatch on kafka-0, kafka-1: at offset 4096 ")
-    assert diverge["message"].endswith("(and 1 more partitions)")
+    assert diverge["message"].endswith("divergent history) (and 1 more partition)")
     # Divergence is Kafka's data, not the operator's health: Ready stays as it was.
     assert [c["status"] for c in status["conditions"] if c["type"] == "Ready"] == ["True"]
 
