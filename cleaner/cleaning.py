@@ -215,7 +215,7 @@ def status(
     live broker (no file is created, changed or locked). With ``next_clean``, also what
     the next clean of each compacted partition would meet (``engine.next_clean``): it
     reads every record of the cleanable section once, then only when that changes. With
-    ``replicas``, also each compacted partition's :class:`ReplicaFacts` (two small reads)."""
+    ``replicas``, also each compacted partition's :class:`ReplicaFacts` (a few hundred bytes read)."""
     log_dirs = [LogDirectory(p, read_only=True) for p in paths]
     manager = manager or LogCleanerManager(log_dirs, policy, time, write_checkpoints=False, only=only)
     cache = facts_cache or FactsCache()

@@ -104,8 +104,8 @@ def probe_offsets(first_dirty_offset: int, high_watermark: int) -> list[int]:
 
 
 def replica_facts(partition_log: Log, report: PartitionReport) -> ReplicaFacts:
-    """The replica's facts from the scan's report and two small reads of the log (a live
-    broker may roll or delete a segment under them: then no probes, the rest stands)."""
+    """The replica's facts from the scan's report and a few hundred bytes read for the probes
+    (a live broker may roll or delete a segment under them: then no probes, the rest stands)."""
     dirty = max(report.size_bytes - report.clean_bytes, 0)
     probes: list[BatchProbe] = []
     hw = report.high_watermark

@@ -34,7 +34,7 @@ MAX_ERRORS = 20
 MAX_MESSAGE_CHARS = 1024
 """Error messages and uncleanable reasons are cut to this (an exception text can be long)."""
 MAX_REPLICA_BYTES = 24 * 1024
-"""The ``replicas`` section's share of the document (about 150 partitions)."""
+"""The ``replicas`` section's share of the document (about 100 partitions, 220-260 bytes each)."""
 REPLICA_RESERVE_BYTES = 8 * 1024
 """Left free after ``replicas`` for what the service adds to the document (gate, stage)."""
 REPLICA_ROTATION_MS = 10 * 60 * 1000
