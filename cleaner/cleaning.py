@@ -22,6 +22,7 @@ from cleaner.engine.manager import LogCleanerManager, ManagedLog, PartitionRepor
 from cleaner.engine.next_clean import NextCleanCache, NextCleanEstimate, estimate_next_clean, section_shape
 from cleaner.errors import CorruptRecordError, KafkaCleanerError, LogDirLockedError, truncated_batch
 from cleaner.records.batch import LOG_OVERHEAD
+from cleaner.replica_facts import ReplicaFacts, replica_facts
 from cleaner.segment_facts import FactsCache, SegmentFacts
 from cleaner.storage.log_dir import LogDirectory
 from cleaner.storage.segment import LogSegment
@@ -123,6 +124,8 @@ class PartitionStatus:
     facts: SegmentFacts | None
     now_ms: int
     next_clean: NextCleanEstimate | None = None
+    replica: ReplicaFacts | None = None
+    """What the operator compares with the partition's other replicas (``replica_facts``)."""
 
     @property
     def oldest_tombstone_age_ms(self) -> int | None:
@@ -206,11 +209,13 @@ def status(
     throttle: Callable[[int], None] | None = None,
     next_clean: NextCleanCache | None = None,
     only: Callable[[TopicPartition], bool] | None = None,
+    replicas: bool = False,
 ) -> list[PartitionStatus]:
     """Every matched partition's cleaning picture, computed read-only: safe next to a
     live broker (no file is created, changed or locked). With ``next_clean``, also what
     the next clean of each compacted partition would meet (``engine.next_clean``): it
-    reads every record of the cleanable section once, then only when that changes."""
+    reads every record of the cleanable section once, then only when that changes. With
+    ``replicas``, also each compacted partition's :class:`ReplicaFacts` (a few hundred bytes read)."""
     log_dirs = [LogDirectory(p, read_only=True) for p in paths]
     manager = manager or LogCleanerManager(log_dirs, policy, time, write_checkpoints=False, only=only)
     cache = facts_cache or FactsCache()
@@ -224,7 +229,8 @@ def status(
             # What the cleaner will meet when it reads this segment: said now, with its cause.
             report.eligible, report.reason, report.uncleanable_reason = False, "uncleanable", damage
         estimate = _next_clean(managed, report, policy, next_clean, now, throttle) if next_clean else None
-        out.append(PartitionStatus(report, facts, now, estimate))
+        replica = replica_facts(managed.log, report) if replicas and report.compacted else None
+        out.append(PartitionStatus(report, facts, now, estimate, replica))
     if next_clean is not None:
         next_clean.retain(set(logs))
     return out

@@ -252,6 +252,7 @@ class Operator:
         metrics.BROKERS_REPORTING.labels(namespace, name).set(summary["brokersReporting"])
         stale = sum(1 for e in new["brokers"].values() if e.get("missedReports", 0) >= 3)
         metrics.STALE_BROKERS.labels(namespace, name).set(stale)
+        metrics.DIVERGING_PARTITIONS.labels(namespace, name).set(summary["divergingPartitions"])
 
     def _announce(self, body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any],
                   logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:

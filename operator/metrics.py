@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 __all__ = [
     "BROKERS_EXPECTED",
     "BROKERS_REPORTING",
+    "DIVERGING_PARTITIONS",
     "LEADER",
     "RECONCILE_DURATION",
     "RECONCILE_ERRORS",
@@ -53,6 +54,9 @@ BROKERS_REPORTING = Gauge(_P + "brokers_reporting", "Target pods whose sidecar r
                           ["namespace", "policy"], registry=REGISTRY)
 STALE_BROKERS = Gauge(_P + "stale_brokers", "Target pods whose sidecar has not reported for 3 intervals.",
                       ["namespace", "policy"], registry=REGISTRY)
+DIVERGING_PARTITIONS = Gauge(_P + "diverging_partitions", "Partitions whose replicas diverge beyond what their "
+                             "dirty sections explain (status.divergingPartitions).", ["namespace", "policy"],
+                             registry=REGISTRY)
 WEBHOOK_FAILURES = Counter(_P + "webhook_failures", "Pod admissions the webhook failed open on (admitted unchanged).",
                            registry=REGISTRY)
 WEBHOOK_INJECTIONS = Counter(_P + "webhook_injections", "Pods the admission webhook injected the sidecar into.",
@@ -63,7 +67,7 @@ LEADER = Gauge(_P + "leader", "1 while this replica is the elected leader (or le
 
 def forget_policy(namespace: str, policy: str) -> None:
     """Drop a deleted policy's gauges (counters stay until the process restarts, as usual)."""
-    for gauge in (BROKERS_EXPECTED, BROKERS_REPORTING, STALE_BROKERS):
+    for gauge in (BROKERS_EXPECTED, BROKERS_REPORTING, STALE_BROKERS, DIVERGING_PARTITIONS):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, policy)
 

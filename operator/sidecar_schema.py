@@ -201,6 +201,56 @@ SCHEMA: dict[str, Any] = {
                 "lastCommit": {"type": "array", "items": {"type": "object"}},
             },
         },
+        "replicas": {
+            "type": "object",
+            "description": (
+                "What the operator compares across the replicas of a partition, for the compacted "
+                "partitions that fit (omitted: how many did not; every broker picks the same ones by a hash "
+                "of rotation and partition, so the choice moves on every 10 minutes). Only batches of the "
+                "dirty section below the high watermark are listed: there every in-sync replica holds the "
+                "leader's batches byte for byte."
+            ),
+            "required": ["rotation", "partitions", "omitted"],
+            "properties": {
+                "rotation": _COUNT,
+                "omitted": _COUNT,
+                "partitions": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["topic", "partition", "logStartOffset", "logEndOffset", "highWatermark",
+                                     "firstDirtyOffset", "cleanBytes", "dirtyBytes", "minCleanableRatio",
+                                     "batches"],
+                        "properties": {
+                            "topic": {"type": "string", "minLength": 1, "maxLength": 255},
+                            "partition": _COUNT,
+                            "logStartOffset": {"type": "integer"},
+                            "logEndOffset": {"type": "integer"},
+                            "highWatermark": {"type": ["integer", "null"],
+                                              "description": "From replication-offset-checkpoint; null: none."},
+                            "firstDirtyOffset": {"type": "integer",
+                                                 "description": "The cleaner checkpoint: below it, the clean section."},
+                            "cleanBytes": _BYTES,
+                            "dirtyBytes": _BYTES,
+                            "minCleanableRatio": _RATIO | {"description": "The partition's min.cleanable.dirty.ratio."},
+                            "batches": {
+                                "type": "array",
+                                "maxItems": 4,
+                                "description": "[baseOffset, lastOffset, crc] of batches of the dirty section below "
+                                               "the high watermark.",
+                                "items": {
+                                    "type": "array",
+                                    "prefixItems": [{"type": "integer"}, {"type": "integer"},
+                                                    {"type": "integer", "minimum": 0, "maximum": 4294967295}],
+                                    "minItems": 3,
+                                    "maxItems": 3,
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
         "compact": {
             "type": "object",
             "description": "Compact mode: the maintenance windows and whether now is inside one.",

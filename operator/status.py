@@ -14,7 +14,10 @@ since the API server prunes unknown fields):
 * ``summary``: totals over the brokers whose reports are not stale.
 * ``topPartitions``: the top ``reporting.topPartitions`` partitions by cleanable ratio over all
   brokers (a broker that missed a round keeps its last entries until it turns stale).
-* ``conditions``: ``Ready``, ``Reconciling``, ``Stalled``, ``Degraded`` (metav1.Condition),
+* ``divergingPartitions``: partitions whose replicas diverge beyond what their dirty sections
+  explain (``divergence``), compared over the reports pulled in the same round; their count is
+  ``summary.divergingPartitions`` and the condition ``ReplicasDiverge`` names the first.
+* ``conditions``: ``Ready``, ``Reconciling``, ``Stalled``, ``Degraded``, ``ReplicasDiverge`` (metav1.Condition),
   upserted by type; ``lastTransitionTime`` moves only when a condition's status flips.
 * ``observedGeneration`` on every write (and in every condition), ``paused``.
 
@@ -33,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jsonschema
+from compaction_operator.divergence import MAX_DIVERGING, diverging_partitions
 from compaction_operator.sidecar_schema import SCHEMA, VERSION
 
 from cleaner.config import Policy
@@ -66,7 +70,7 @@ MAX_CONDITION_MESSAGE = 32768
 STATUS_BUDGET = 200 * 1024
 #: Pods named in a condition message before "and N more".
 MAX_NAMED_PODS = 10
-CONDITION_TYPES = ("Ready", "Reconciling", "Stalled", "Degraded")
+CONDITION_TYPES = ("Ready", "Reconciling", "Stalled", "Degraded", "ReplicasDiverge")
 #: The one reason for a condition that holds (Stalled=False and so on) when nothing is wrong.
 RECONCILED = "Reconciled"
 
@@ -286,6 +290,7 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
     # -- brokers ---------------------------------------------------------------------------
     brokers: dict[str, dict[str, Any]] = {}
     fresh_top: list[dict[str, Any]] = []
+    fresh_reports: dict[str, Mapping[str, Any]] = {}
     awaiting_sidecar: list[str] = []
     outdated: list[str] = []
     if pods is None:
@@ -306,6 +311,7 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
         elif scrape is not None and scrape.report is not None:
             brokers[pod.name] = _broker_entry(scrape.report, now)
             fresh_top += [_top_entry(pod.name, p) for p in scrape.report["partitions"]]
+            fresh_reports[pod.name] = scrape.report
         else:
             entry = {k: v for k, v in old.items() if k != "state"}
             entry["missedReports"] = min(old.get("missedReports", 0) + 1, 2**31 - 1)
@@ -340,6 +346,17 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
                                                   p.get("topic", ""), p.get("partition", 0)))
     top = top[:top_partitions]
 
+    # -- replicas that diverge -------------------------------------------------------------
+    # Compared over this round's reports only (replicas seen at about the same time); without
+    # a pull this round, the last comparison stands.
+    if scrapes is None:
+        diverging = [dict(d) for d in previous.get("divergingPartitions") or []]
+        diverging_count = int((previous.get("summary") or {}).get("divergingPartitions", len(diverging)))
+    else:
+        found = diverging_partitions(fresh_reports)
+        diverging = [d.as_status() for d in found[:MAX_DIVERGING]]
+        diverging_count = len(found)
+
     # -- summary ---------------------------------------------------------------------------
     summary: dict[str, Any] = {
         "uncleanablePartitions": sum(e.get("uncleanablePartitions", 0) for e in live.values()),
@@ -349,6 +366,7 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
         "brokersReporting": len(live),
         "brokersExpected": expected,
         "brokers": f"{len(live)}/{expected}",
+        "divergingPartitions": diverging_count,
     }
     if live:
         summary["maxDirtyRatio"] = max(e.get("maxDirtyRatio", 0.0) for e in live.values())
@@ -421,6 +439,16 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
             put("Ready", True, "AllBrokersReporting",
                 f"{len(live)}/{expected} brokers reporting{detail}{suffix}")
 
+    if diverging:
+        first = diverging[0]
+        others = diverging_count - 1
+        more = f" (and {others} more partition{'s' if others > 1 else ''})" if others else ""
+        put("ReplicasDiverge", True, "ReplicasDiverge",
+            f"{first['topic']}-{first['partition']} {first['kind']} on {_names(first['brokers'])}: "
+            f"{first['detail']}{more}")
+    else:
+        put("ReplicasDiverge", False, "ReplicasAgree", "")
+
     status: dict[str, Any] = {
         "observedGeneration": generation,
         "paused": paused,
@@ -428,6 +456,7 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
         "summary": summary,
         "brokers": brokers,
         "topPartitions": top,
+        "divergingPartitions": diverging,
     }
     return _fit(status)
 

@@ -7,12 +7,20 @@ The document stays under 64 KiB whatever the broker holds: ``partitions`` lists 
 last 20 (messages cut to ``MAX_MESSAGE_CHARS``), and when even that is too large
 (thousands of topics or uncleanable partitions) the lists are cut, least interesting
 first, and ``truncated`` says by how much.
+
+``replicas`` carries what the operator compares across the replicas of a partition
+(``cleaner.replica_facts``) for the compacted partitions, in what room is left (at most
+:data:`MAX_REPLICA_BYTES`). When not all fit, every broker picks by the same hash of
+(rotation, partition), where the rotation is the scan time in :data:`REPLICA_ROTATION_MS`
+steps: a partition then tends to be reported by all of its replicas in the same rotation
+(each broker keeps the lowest hashes), and over the rotations every partition is.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +33,11 @@ MAX_STATUS_BYTES = 64 * 1024
 MAX_ERRORS = 20
 MAX_MESSAGE_CHARS = 1024
 """Error messages and uncleanable reasons are cut to this (an exception text can be long)."""
+MAX_REPLICA_BYTES = 24 * 1024
+"""The ``replicas`` section's share of the document (about 100 partitions, 220-260 bytes each)."""
+REPLICA_RESERVE_BYTES = 8 * 1024
+"""Left free after ``replicas`` for what the service adds to the document (gate, stage)."""
+REPLICA_ROTATION_MS = 10 * 60 * 1000
 _REASONS = {"ratio", "lag", "lso", "activeSegment", "uncleanable", "paused"}
 
 
@@ -194,7 +207,34 @@ def build_status(
         "partitions": partitions,
         "errors": [_capped_error(e) for e in list(errors)[-MAX_ERRORS:]],
     }
-    return _bounded(doc, keep_partitions=len(top))
+    doc = _bounded(doc, keep_partitions=len(top))
+    if snapshot is not None:
+        room = min(MAX_REPLICA_BYTES, MAX_STATUS_BYTES - REPLICA_RESERVE_BYTES - _size(doc))
+        doc["replicas"] = replica_section(snapshot.statuses, snapshot.scanned_at_ms, room)
+    return doc
+
+
+def replica_section(statuses: Iterable[PartitionStatus], scanned_at_ms: int, room: int) -> dict[str, Any]:
+    """The ``replicas`` section: the replica facts of as many compacted partitions as fit
+    ``room`` bytes, chosen by the rotation's hash (see the module's docstring)."""
+    rotation = scanned_at_ms // REPLICA_ROTATION_MS
+    facts = [s for s in statuses if s.replica is not None]
+
+    def rank(s: PartitionStatus) -> tuple[int, str]:
+        tp = s.report.topic_partition
+        return zlib.crc32(f"{rotation}:{tp.topic}-{tp.partition}".encode()), str(tp)
+
+    entries: list[dict[str, Any]] = []
+    used = len('{"rotation":,"partitions":[],"omitted":}') + 2 * 20
+    for s in sorted(facts, key=rank):
+        assert s.replica is not None
+        entry = s.replica.as_status(s.report.topic_partition.topic, s.report.topic_partition.partition)
+        size = _size(entry) + 1
+        if used + size > room:
+            break
+        entries.append(entry)
+        used += size
+    return {"rotation": rotation, "partitions": entries, "omitted": len(facts) - len(entries)}
 
 
 def _capped(text: str | None) -> str | None:

@@ -314,6 +314,7 @@ class Sidecar:
                 # the scan). In observe mode that is the point; in compact and stage modes it
                 # would hold up the cleaning it predicts, whose own figures then answer.
                 next_clean=self.next_clean if policy.mode == Mode.OBSERVE else None,
+                replicas=True,
             )
         except (KafkaCleanerError, OSError) as e:
             self._error(None, None, f"scan failed: {e}")

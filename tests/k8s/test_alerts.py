@@ -88,9 +88,9 @@ def test_every_alert_links_its_runbook_section(helm_template: Render) -> None:
     assert headings == {name.lower() for name in ALL_ALERTS}, "a runbook section without its alert"
 
 
-#: Operator metrics the alerts read that other work adds (the rollout issue's stalled rollouts,
-#: the divergence report of issue 14), with the labels namespace and policy.
-PENDING_OPERATOR_METRICS = {"kafka_cleaner_operator_rollout_stalled", "kafka_cleaner_operator_diverging_partitions"}
+#: Operator metrics the alerts read that other work adds (the rollout issue's stalled rollouts),
+#: with the labels namespace and policy.
+PENDING_OPERATOR_METRICS = {"kafka_cleaner_operator_rollout_stalled"}
 KUBE_STATE_METRICS = {"kube_pod_container_status_restarts_total"}
 
 

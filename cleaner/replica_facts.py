@@ -1,0 +1,180 @@
+"""What one replica of a partition says about its log, for comparison with the other replicas
+(issue 14, item 5): offsets, the sizes of the clean and the dirty section, and a few batches
+("probes") that any other in-sync replica holds byte for byte.
+
+Why batches of the dirty section are comparable across replicas, from Kafka's code
+(``core/src/main/scala/kafka/server/ReplicaFetcherThread.scala``, ``processPartitionData``):
+a follower appends what it fetched with ``log.appendAsFollower(records)``, the leader's
+batches as they are; only the leader assigns offsets (``appendAsLeader`` validates and
+assigns, ``appendAsFollower`` does not). So below the high watermark every in-sync replica
+holds the same batches at the same offsets: same base offset, same last offset, same CRC
+(a v2 batch's CRC covers everything from the attributes to the end, i.e. every record; the
+partition leader epoch, which it does not cover, is written by the leader too). The same
+file's ``handleOffsetOutOfRange`` names the exception: after an unclean leader election
+"there is a potential for a mismatch between the logs of the two replicas here. We don't
+fix this mismatch as of now." That mismatch, a head that differs on one replica, is what the
+operator looks for.
+
+What is *not* comparable: the clean section. Each broker's cleaner runs on its own schedule
+over its own dirty range, so the batches below a replica's cleaner checkpoint (its first
+dirty offset) are rewritten per broker (v2 keeps a rewritten batch's base and last offset,
+not its CRC). A probe is therefore only taken at or above the replica's first dirty offset,
+and below its high watermark (what is above may still be truncated by a leader change; the
+``replication-offset-checkpoint`` the broker writes every few seconds is a lower bound of it,
+which is safe). Two probes per partition: the last batch below the high watermark, and the
+batch at or after the high watermark rounded down to a multiple of :data:`PROBE_ALIGNMENT`,
+an offset every replica within that many offsets of the others picks alike, so a follower a
+little behind still has a probe the leader has too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from cleaner.engine.manager import PartitionReport
+from cleaner.errors import KafkaCleanerError
+from cleaner.records.batch import LOG_OVERHEAD
+from cleaner.storage.log import Log
+
+__all__ = ["PROBE_ALIGNMENT", "BatchProbe", "ReplicaFacts", "replica_facts"]
+
+log = logging.getLogger(__name__)
+
+#: Offsets the aligned probe is rounded down to: replicas whose high watermarks lie in the
+#: same block of this many offsets pick the same batch.
+PROBE_ALIGNMENT = 1024
+#: A v2 batch header up to lastOffsetDelta: baseOffset, length, partitionLeaderEpoch, magic,
+#: crc, attributes, lastOffsetDelta.
+_HEAD = struct.Struct(">qiibIhi")
+_INDEX_ENTRY = struct.Struct(">ii")
+#: Batch headers walked from an index entry before giving up (a missing index: from the
+#: segment's start).
+_MAX_WALK = 4096
+
+
+@dataclass(frozen=True)
+class BatchProbe:
+    """One batch of the replica's dirty section: its offsets and its CRC."""
+
+    base_offset: int
+    last_offset: int
+    crc: int
+
+    def as_status(self) -> list[int]:
+        return [self.base_offset, self.last_offset, self.crc]
+
+
+@dataclass(frozen=True)
+class ReplicaFacts:
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int | None
+    first_dirty_offset: int
+    clean_bytes: int
+    dirty_bytes: int
+    probes: tuple[BatchProbe, ...] = ()
+    min_cleanable_ratio: float = 0.5
+    """The partition's ``min.cleanable.dirty.ratio``: above it, its cleaner is due."""
+
+    def as_status(self, topic: str, partition: int) -> dict[str, object]:
+        return {
+            "topic": topic,
+            "partition": partition,
+            "logStartOffset": self.log_start_offset,
+            "logEndOffset": self.log_end_offset,
+            "highWatermark": self.high_watermark,
+            "firstDirtyOffset": self.first_dirty_offset,
+            "cleanBytes": self.clean_bytes,
+            "dirtyBytes": self.dirty_bytes,
+            "minCleanableRatio": self.min_cleanable_ratio,
+            "batches": [p.as_status() for p in self.probes],
+        }
+
+
+def probe_offsets(first_dirty_offset: int, high_watermark: int) -> list[int]:
+    """The offsets whose batches are probed: the last one below the high watermark, and the
+    aligned one, when they lie in the dirty section (each at most once)."""
+    last = high_watermark - 1
+    aligned = last - last % PROBE_ALIGNMENT
+    return sorted({o for o in (last, aligned) if first_dirty_offset <= o < high_watermark})
+
+
+def replica_facts(partition_log: Log, report: PartitionReport) -> ReplicaFacts:
+    """The replica's facts from the scan's report and a few hundred bytes read for the probes
+    (a live broker may roll or delete a segment under them: then no probes, the rest stands)."""
+    dirty = max(report.size_bytes - report.clean_bytes, 0)
+    probes: list[BatchProbe] = []
+    hw = report.high_watermark
+    if hw is not None:
+        upper = min(hw, report.log_end_offset)
+        try:
+            for offset in probe_offsets(report.first_dirty_offset, upper):
+                probe = _batch_at(partition_log, offset)
+                if probe is not None and probe.last_offset < upper and probe not in probes:
+                    probes.append(probe)
+        except (KafkaCleanerError, OSError) as e:
+            log.warning("cannot probe %s: %s", report.topic_partition, e)
+            probes = []
+    return ReplicaFacts(
+        log_start_offset=report.log_start_offset,
+        log_end_offset=report.log_end_offset,
+        high_watermark=hw,
+        first_dirty_offset=report.first_dirty_offset,
+        clean_bytes=report.clean_bytes,
+        dirty_bytes=dirty,
+        probes=tuple(probes),
+        min_cleanable_ratio=report.min_cleanable_ratio,
+    )
+
+
+def _batch_at(partition_log: Log, offset: int) -> BatchProbe | None:
+    """The first batch whose last offset is at least ``offset``, found without reading an
+    index or the segment: a binary search of the ``.index`` file with 8-byte reads (a live
+    broker's active index is preallocated, 10 MiB of which only the head holds entries), then
+    a walk over batch headers (27-byte reads) from that entry's batch, a few KiB of the log at
+    most (Kafka indexes every ``index.interval.bytes``, 4 KiB by default). None when that
+    segment holds no such batch, or a legacy (magic 0/1) one."""
+    segment = partition_log.floor_segment(offset)
+    if segment is None:
+        return None
+    position = _index_floor(segment.index_path, segment.base_offset, offset)
+    with open(segment.log_path, "rb") as f:
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        for _ in range(_MAX_WALK):
+            head = os.pread(fd, _HEAD.size, position)
+            if len(head) < _HEAD.size:
+                return None
+            base, length, _epoch, magic, crc, _attributes, last_delta = _HEAD.unpack(head)
+            if magic < 2 or position + LOG_OVERHEAD + length > size:
+                return None  # legacy, or a batch the broker is still writing
+            if base + last_delta >= offset:
+                return BatchProbe(base, base + last_delta, crc)
+            position += LOG_OVERHEAD + length
+    return None
+
+
+def _index_floor(index_path: Path, base_offset: int, offset: int) -> int:
+    """The log position of the last ``.index`` entry at or below ``offset``, else 0 (also
+    when there is no index). Entries are (relative offset, position) pairs in offset order;
+    the zeros a preallocated index ends with count as beyond every offset (only the first
+    entry can have position 0)."""
+    try:
+        with open(index_path, "rb") as f:
+            fd = f.fileno()
+            lo, hi = 0, os.fstat(fd).st_size // 8 - 1
+            found = 0
+            while lo <= hi:
+                mid = (lo + hi) // 2
+                relative, position = _INDEX_ENTRY.unpack(os.pread(fd, 8, mid * 8))
+                if (mid == 0 or position > 0) and base_offset + relative <= offset:
+                    found, lo = position, mid + 1
+                else:
+                    hi = mid - 1
+            return found
+    except FileNotFoundError:
+        return 0

@@ -1,0 +1,145 @@
+"""Replicas that diverge (issue 14, item 5): the sidecars' ``replicas`` sections compared,
+partition by partition, across the brokers that report it. Pure functions.
+
+Each sidecar reports, per compacted partition, its log start and end offsets, its high
+watermark, its first dirty offset (the cleaner checkpoint), the bytes of its clean and dirty
+sections, and a few batches of its dirty section below the high watermark (why those are
+byte-identical on every in-sync replica: ``cleaner/replica_facts.py``). Replicas legitimately
+differ by where each broker's cleaner has got to, by replication lag and by when retention
+ran; the comparison flags only what those do not explain:
+
+``divergentBatch``
+    two replicas hold different batches over the same offsets, both in their dirty sections
+    and below both high watermarks: divergent history, e.g. a head that came back on one
+    replica after an unclean leader election, or a replica restored from an old disk.
+``logStartSkew``
+    the log start offsets lie more than :data:`LOG_START_SKEW` of the log's offsets apart:
+    retention deletes whole segments on each broker at times of its own, so a segment apart
+    is timing; a quarter of the log is several segments on any log retention keeps.
+``cleanSkew``
+    one replica's dirty section is at least :data:`CLEAN_SKEW` times the whole of another's log,
+    its dirty ratio (dirty bytes over all bytes) is past its ``min.cleanable.dirty.ratio`` (its
+    cleaner is due), and the other has cleaned offsets it has not (so they were cleanable): the
+    size skew of a cleaner that died on one broker (Kafka's ``DeadThreadCount``, per partition
+    and named). A working cleaner cleans once the ratio passes the threshold, so its dirty
+    section stays about the size of its clean section, itself about the size of another
+    replica's compacted log: twice that is not waiting, it is not cleaning.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from cleaner.output import binary_bytes
+
+__all__ = ["CLEAN_SKEW", "KINDS", "LOG_START_SKEW", "MAX_DIVERGING", "Divergence", "diverging_partitions"]
+
+LOG_START_SKEW = 0.25
+CLEAN_SKEW = 2.0
+#: status.divergingPartitions holds at most this many entries (the CRD's maxItems).
+MAX_DIVERGING = 50
+KINDS = ("divergentBatch", "logStartSkew", "cleanSkew")
+_MAX_DETAIL = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+    topic: str
+    partition: int
+    kind: str
+    brokers: tuple[str, ...]
+    detail: str
+
+    def as_status(self) -> dict[str, Any]:
+        return {"topic": self.topic, "partition": self.partition, "kind": self.kind,
+                "brokers": list(self.brokers), "detail": self.detail[:_MAX_DETAIL]}
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+def diverging_partitions(reports: Mapping[str, Mapping[str, Any]]) -> list[Divergence]:
+    """Every divergence among the partitions several of ``reports`` (pod -> ``/status``)
+    carry, sorted by kind (divergent batches first), topic and partition."""
+    by_partition: dict[tuple[str, int], dict[str, Mapping[str, Any]]] = {}
+    for pod, report in sorted(reports.items()):
+        for entry in (report.get("replicas") or {}).get("partitions") or []:
+            by_partition.setdefault((entry["topic"], entry["partition"]), {})[pod] = entry
+    found: list[Divergence] = []
+    for (topic, partition), replicas in by_partition.items():
+        if len(replicas) > 1:
+            found += _compare(topic, partition, replicas)
+    order = {kind: i for i, kind in enumerate(KINDS)}
+    return sorted(found, key=lambda d: (order[d.kind], d.topic, d.partition))
+
+
+def _compare(topic: str, partition: int, replicas: Mapping[str, Mapping[str, Any]]) -> Iterable[Divergence]:
+    """At most one divergence of each kind per partition: the first pair (by pod name) that
+    shows it in the detail; in ``brokers`` the pods that disagree with the most others (of
+    three replicas, the odd one out; of two, both)."""
+    pairs: dict[str, list[tuple[str, str, str]]] = {kind: [] for kind in KINDS}
+    for (a, ra), (b, rb) in itertools.combinations(sorted(replicas.items()), 2):
+        for kind, detail, pods in (_batches(a, ra, b, rb), _log_start(a, ra, b, rb), _clean(a, ra, b, rb)):
+            if detail is not None:
+                pairs[kind].append((detail, *pods))
+    for kind in KINDS:
+        if pairs[kind]:
+            detail = pairs[kind][0][0]
+            counts = collections.Counter(pod for _, *pods in pairs[kind] for pod in pods)
+            most = max(counts.values())
+            brokers = sorted(pod for pod, n in counts.items() if n == most)
+            yield Divergence(topic, partition, kind, tuple(brokers), detail)
+
+
+def _batches(a: str, ra: Mapping[str, Any], b: str, rb: Mapping[str, Any]) -> tuple[str, str | None, tuple[str, ...]]:
+    committed = min(_hw(ra), _hw(rb))
+    for pa in ra.get("batches") or []:
+        for pb in rb.get("batches") or []:
+            overlap = pa[0] <= pb[1] and pb[0] <= pa[1]
+            if overlap and max(pa[1], pb[1]) < committed and list(pa) != list(pb):
+                return ("divergentBatch",
+                        f"at offset {max(pa[0], pb[0])} {a} holds batch {pa[0]}-{pa[1]} crc {pa[2]:#010x}, "
+                        f"{b} holds batch {pb[0]}-{pb[1]} crc {pb[2]:#010x} (both uncleaned, below both high "
+                        f"watermarks: divergent history)", (a, b))
+    return "divergentBatch", None, ()
+
+
+def _hw(replica: Mapping[str, Any]) -> int:
+    hw = replica.get("highWatermark")
+    return min(hw, replica["logEndOffset"]) if hw is not None else -1
+
+
+def _log_start(a: str, ra: Mapping[str, Any], b: str, rb: Mapping[str, Any]) -> tuple[str, str | None, tuple[str, ...]]:
+    span = max(ra["logEndOffset"] - ra["logStartOffset"], rb["logEndOffset"] - rb["logStartOffset"], 0)
+    apart = abs(ra["logStartOffset"] - rb["logStartOffset"])
+    if apart and apart > LOG_START_SKEW * span:
+        return ("logStartSkew",
+                f"log start offset {ra['logStartOffset']} on {a}, {rb['logStartOffset']} on {b}: {apart} offsets "
+                f"apart, more than {LOG_START_SKEW:.0%} of the {span} the log holds", (a, b))
+    return "logStartSkew", None, ()
+
+
+def _dirty_ratio(replica: Mapping[str, Any]) -> float:
+    total = replica["cleanBytes"] + replica["dirtyBytes"]
+    return replica["dirtyBytes"] / total if total else 0.0
+
+
+def _clean(a: str, ra: Mapping[str, Any], b: str, rb: Mapping[str, Any]) -> tuple[str, str | None, tuple[str, ...]]:
+    for (behind, rbehind), (ahead, rahead) in (((a, ra), (b, rb)), ((b, rb), (a, ra))):
+        other_log = rahead["cleanBytes"] + rahead["dirtyBytes"]
+        ratio = _dirty_ratio(rbehind)
+        if (rbehind["firstDirtyOffset"] < rahead["firstDirtyOffset"]
+                and ratio > rbehind.get("minCleanableRatio", 0.5)
+                and rbehind["dirtyBytes"] >= CLEAN_SKEW * max(other_log, 1)):
+            return ("cleanSkew",
+                    f"{behind} has cleaned up to offset {rbehind['firstDirtyOffset']} "
+                    f"(dirty {binary_bytes(rbehind['dirtyBytes'])}, ratio {ratio:.2f}), {ahead} up to "
+                    f"{rahead['firstDirtyOffset']} (its whole log {binary_bytes(other_log)}): is the log cleaner "
+                    f"on {behind} dead?", (behind,))
+    return "cleanSkew", None, ()
+
