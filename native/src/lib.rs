@@ -16,6 +16,31 @@ use pyo3::types::{PyBytes, PyDict};
 /// The first structural problem of a records section: (batch, position, offset delta, reason).
 type Problem = (usize, i64, Option<i64>, String);
 
+/// `starts` and `ends` as slices, checked to be spans `[start, end)` inside a buffer of
+/// `len` bytes (`what` names a span in the error).
+fn checked_spans<'a>(
+    starts: &'a PyReadonlyArray1<'_, i64>,
+    ends: &'a PyReadonlyArray1<'_, i64>,
+    len: usize,
+    what: &str,
+) -> PyResult<(&'a [i64], &'a [i64])> {
+    let (s, e) = (starts.as_slice()?, ends.as_slice()?);
+    if s.len() != e.len() {
+        return Err(PyValueError::new_err(format!(
+            "{what}: starts and ends differ in length"
+        )));
+    }
+    if s.iter()
+        .zip(e)
+        .any(|(&a, &b)| a < 0 || b < a || b as usize > len)
+    {
+        return Err(PyValueError::new_err(format!(
+            "a {what} lies outside the buffer"
+        )));
+    }
+    Ok((s, e))
+}
+
 /// Decode the records of v2 batches to columns. Returns `(columns, None)` or
 /// `(None, (batch, position, offset_delta, reason))` for the first structural problem.
 #[pyfunction]
@@ -72,16 +97,7 @@ fn digest_keys<'py>(
     ends: PyReadonlyArray1<'py, i64>,
 ) -> PyResult<Bound<'py, PyArray1<u8>>> {
     let bytes = data.as_bytes();
-    let (s, e) = (starts.as_slice()?, ends.as_slice()?);
-    if s.len() != e.len() {
-        return Err(PyValueError::new_err("starts and ends differ in length"));
-    }
-    if s.iter()
-        .zip(e)
-        .any(|(&a, &b)| a < 0 || b < a || b as usize > bytes.len())
-    {
-        return Err(PyValueError::new_err("a key span lies outside the buffer"));
-    }
+    let (s, e) = checked_spans(&starts, &ends, bytes.len(), "key span")?;
     let out = py.allow_threads(|| {
         let mut out = Vec::with_capacity(s.len() * 16);
         for (&a, &b) in s.iter().zip(e) {
@@ -204,19 +220,10 @@ fn reencode_records<'py>(
     deltas: PyReadonlyArray1<'py, i64>,
 ) -> PyResult<BytesEnds<'py>> {
     let bytes = data.as_bytes();
-    let (s, e, d) = (body_start.as_slice()?, end.as_slice()?, deltas.as_slice()?);
-    if s.len() != e.len() || d.len() != e.len() {
-        return Err(PyValueError::new_err(
-            "body_start, end and deltas differ in length",
-        ));
-    }
-    if s.iter()
-        .zip(e)
-        .any(|(&a, &b)| a < 0 || b < a || b as usize > bytes.len())
-    {
-        return Err(PyValueError::new_err(
-            "a record body lies outside the buffer",
-        ));
+    let (s, e) = checked_spans(&body_start, &end, bytes.len(), "record body")?;
+    let d = deltas.as_slice()?;
+    if d.len() != e.len() {
+        return Err(PyValueError::new_err("one timestamp delta per record"));
     }
     let (out, ends) = py.allow_threads(|| batches::reencode(bytes, s, e, d));
     Ok((PyBytes::new(py, &out), ends.into_pyarray(py)))
@@ -313,16 +320,7 @@ fn crc32c_spans<'py>(
     ends: PyReadonlyArray1<'py, i64>,
 ) -> PyResult<Bound<'py, PyArray1<u32>>> {
     let bytes = contiguous(&data)?;
-    let (s, e) = (starts.as_slice()?, ends.as_slice()?);
-    if s.len() != e.len() {
-        return Err(PyValueError::new_err("starts and ends differ in length"));
-    }
-    if s.iter()
-        .zip(e)
-        .any(|(&a, &b)| a < 0 || b < a || b as usize > bytes.len())
-    {
-        return Err(PyValueError::new_err("a span lies outside the buffer"));
-    }
+    let (s, e) = checked_spans(&starts, &ends, bytes.len(), "span")?;
     let crcs = py.allow_threads(|| {
         s.iter()
             .zip(e)

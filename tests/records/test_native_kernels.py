@@ -116,13 +116,17 @@ def test_corrupt_records_are_refused_where_the_reference_refuses_them(specs: lis
         assert 0 <= batch < len(batches) and reason
 
 
+def _joined(parts: list[bytes]) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """The parts one after another, and each one's span in them."""
+    lengths = np.array([len(p) for p in parts], dtype=np.int64)
+    ends = np.cumsum(lengths, dtype=np.int64)
+    return b"".join(parts), ends - lengths, ends
+
+
 @settings(max_examples=200, deadline=None)
 @given(keys=st.lists(st.binary(max_size=200), max_size=50))
 def test_key_digests_are_xxh3_128(keys: list[bytes]) -> None:
-    data = b"".join(keys)
-    ends = np.cumsum([len(k) for k in keys], dtype=np.int64)
-    starts = ends - np.array([len(k) for k in keys], dtype=np.int64)
-    got = _native.digest_keys(data, starts, ends).tobytes()
+    got = _native.digest_keys(*_joined(keys)).tobytes()
     assert got == b"".join(xxhash.xxh3_128_digest(k) for k in keys)
 
 
@@ -143,10 +147,7 @@ def test_crc32c_is_castagnoli_and_continues_from_a_prefix(data: bytes, cut: int)
 @settings(max_examples=100, deadline=None)
 @given(spans=st.lists(st.binary(max_size=300), max_size=20))
 def test_crc32c_spans_are_each_spans_crc(spans: list[bytes]) -> None:
-    data = b"".join(spans)
-    ends = np.cumsum([len(s) for s in spans], dtype=np.int64)
-    starts = ends - np.array([len(s) for s in spans], dtype=np.int64)
-    got = _native.crc32c_spans(data, starts, ends)
+    got = _native.crc32c_spans(*_joined(spans))
     assert got.dtype == np.uint32 and got.tolist() == [crc32c.crc32c(s) for s in spans]
 
 
