@@ -16,7 +16,9 @@ defaults) and checks that every CEL rule of the CRD is enforced here with the sa
 Validation follows what the Kubernetes API server does with the CRD, so that a file accepted
 by the CLI is accepted by ``kubectl apply`` and the other way round:
 
-* unknown fields are errors (``kubectl`` uses strict server-side field validation);
+* unknown fields are errors (``kubectl`` uses strict server-side field validation), except
+  for the sidecar, which reads a file an operator one minor version newer may have written:
+  it passes ``unknown_fields`` and gets them listed instead (docs/operator.md, "Version skew");
 * a ``null`` value means "absent" (the API server prunes nulls of non-nullable fields before
   defaulting), so it takes the default, or is an error for a required field;
 * ``true``/``false`` are not integers, and integers are not written as floats: YAML
@@ -39,6 +41,7 @@ regular expression (the sidecar evaluates it with :func:`re.fullmatch`); the ope
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import difflib
 import enum
@@ -575,13 +578,25 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+_UNKNOWN_FIELDS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("unknown_fields", default=None)
+"""Where the parse in progress lists unknown fields; None: they are errors (the default)."""
+
+
+def _unknown_field(path: str, key: object, allowed: list[str]) -> None:
+    """An unknown field: listed when the caller collects them (the sidecar), else an error."""
+    collected = _UNKNOWN_FIELDS.get()
+    if collected is None:
+        raise PolicyError(_join(path, str(key)), _unknown_field_message(key, allowed))
+    collected.append(_join(path, str(key)))
+
+
 def _parse_object(cls: type[_M], value: object, path: str) -> _M:
     if not isinstance(value, Mapping):
         raise PolicyError(path, f"must be a mapping, got {_describe(value)}")
     by_key = {spec.key: (f, spec) for f, spec in spec_fields(cls)}
     for key in value:
         if key not in by_key:
-            raise PolicyError(_join(path, str(key)), _unknown_field_message(key, list(by_key)))
+            _unknown_field(path, key, list(by_key))
     # Null is absent: the API server prunes nulls of non-nullable fields before defaulting.
     for key, (_f, spec) in by_key.items():
         if spec.required and value.get(key) is None:
@@ -1032,18 +1047,29 @@ class Policy(_Model):
 # --------------------------------------------------------------------------------------------
 
 
-def parse_policy(obj: Mapping[str, Any], *, source: str = "<policy>") -> Policy:
+def parse_policy(
+    obj: Mapping[str, Any], *, source: str = "<policy>", unknown_fields: list[str] | None = None
+) -> Policy:
     """A policy from a parsed YAML/JSON document: a whole manifest or a bare spec.
 
     A mapping with any of ``apiVersion``, ``kind``, ``metadata``, ``spec`` or ``status`` is a
     manifest (``apiVersion`` and ``kind``, when present, must both be there and be
     CompactionPolicy's; ``status`` is ignored; a missing spec means all defaults). Anything
     else is a bare spec. Raises :class:`PolicyError`; its message ends with ``(in SOURCE)``.
+
+    ``unknown_fields``: a list that receives the dotted path of every unknown field, which is
+    then ignored instead of being an error. Only the sidecar passes one: the file it reads may
+    come from a newer operator whose CRD has fields this version does not know, and a sidecar
+    that refused it would never load the new generation (docs/operator.md, "Version skew").
+    Everything else (values, bounds, CEL rules, ``apiVersion``) is checked as strictly.
     """
+    token = _UNKNOWN_FIELDS.set(unknown_fields)
     try:
         return _parse_document(obj)
     except PolicyError as exc:
         raise PolicyError(exc.field, f"{exc.message} (in {source})") from None
+    finally:
+        _UNKNOWN_FIELDS.reset(token)
 
 
 def _parse_document(obj: object) -> Policy:
@@ -1054,7 +1080,7 @@ def _parse_document(obj: object) -> Policy:
 
     for key in obj:
         if key not in _MANIFEST_KEYS:
-            raise PolicyError(str(key), _unknown_field_message(key, list(_MANIFEST_KEYS)))
+            _unknown_field("", key, list(_MANIFEST_KEYS))
     if "apiVersion" in obj or "kind" in obj:
         if obj.get("apiVersion") != API_VERSION:
             raise PolicyError("apiVersion", f"must be {API_VERSION}, got {_describe(obj.get('apiVersion'))}")
@@ -1113,7 +1139,7 @@ def load_policy(path: str | os.PathLike[str]) -> Policy:
     return parse_policy_text(text, source=source)
 
 
-def parse_policy_text(text: str, *, source: str = "<policy>") -> Policy:
+def parse_policy_text(text: str, *, source: str = "<policy>", unknown_fields: list[str] | None = None) -> Policy:
     """A policy from YAML (or JSON) text; see :func:`parse_policy`."""
     try:
         document = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
@@ -1124,7 +1150,7 @@ def parse_policy_text(text: str, *, source: str = "<policy>") -> Policy:
         raise PolicyError("", f"invalid YAML{where}: {problem} (in {source})") from None
     if document is None:
         raise PolicyError("", f"the policy is empty (in {source})")
-    return parse_policy(document, source=source)
+    return parse_policy(document, source=source, unknown_fields=unknown_fields)
 
 
 def walk_model(cls: type = Policy, prefix: str = "spec") -> Iterator[tuple[str, FieldSpec, Any]]:

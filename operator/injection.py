@@ -17,7 +17,16 @@ broker's own containers):
   ConfigMap) and ``kafkacleaner.io/policy`` (which policy injected it).
 
 The sidecar mounts the broker's existing data volume (``target.dataVolume``) at
-``target.mountPath``, read-only in mode observe. Its command line is the contract with
+``target.mountPath``, read-only in mode observe.
+
+The sidecar runs as the broker (compact and stage modes write files the broker must open
+read-write, and the sidecar refuses those modes otherwise): unless ``sidecar.securityContext``
+sets them, its ``runAsUser``/``runAsGroup`` are the broker container's (the container that
+mounts the data volume; its own securityContext, else the pod's), copied from the pod or
+template being injected (:meth:`Sidecar.container_for`). No uid is ever hard-coded: a value
+the pod already carries is one its admission (OpenShift's restricted-v2 SCC included)
+accepted, and without one the sidecar gets none either, so the SCC assigns the same to both.
+The pod's ``fsGroup`` applies to every container, the sidecar's too. Its command line is the contract with
 ``kafka-cleaner sidecar`` (docs/operator.md, "The sidecar's command line").
 """
 
@@ -47,6 +56,7 @@ __all__ = [
     "SIDECAR_HASH_ANNOTATION",
     "KubeVersion",
     "Sidecar",
+    "broker_identity",
     "build_sidecar",
     "configmap_name",
     "find_sidecar",
@@ -196,6 +206,22 @@ class Sidecar:
     volume: dict[str, Any]
     native: bool
     hash: str
+    #: The broker's data volume: the container mounting it is the broker's.
+    data_volume: str = ""
+    #: ``runAsUser``/``runAsGroup`` the policy leaves to the broker (``container_for``).
+    inherited: tuple[str, ...] = ()
+
+    def container_for(self, pod_spec: Mapping[str, Any]) -> dict[str, Any]:
+        """The container for this pod (template): ``container`` with the broker's
+        ``runAsUser``/``runAsGroup`` where the policy sets none (see the module docstring).
+        Root (0) is never copied: the sidecar's restricted defaults run as non-root."""
+        identity = broker_identity(pod_spec, self.data_volume)
+        extra = {key: identity[key] for key in self.inherited if identity.get(key)}
+        if not extra:
+            return copy.deepcopy(self.container)
+        out = copy.deepcopy(self.container)
+        out["securityContext"] = {**out.get("securityContext", {}), **extra}
+        return out
 
     @property
     def list_name(self) -> str:
@@ -222,6 +248,28 @@ def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, A
             out[key] = _deep_merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
+    return out
+
+
+#: What the sidecar takes over from the broker container (``Sidecar.container_for``).
+INHERITED_IDENTITY = ("runAsUser", "runAsGroup")
+
+
+def broker_identity(pod_spec: Mapping[str, Any], data_volume: str) -> dict[str, int]:
+    """``runAsUser``/``runAsGroup`` the broker runs with, as far as the pod (template) says:
+    the broker container's securityContext (the first regular container mounting
+    ``data_volume``), else the pod's. Empty when neither sets them (the image's USER, or what
+    an SCC assigns)."""
+    pod_level = pod_spec.get("securityContext") or {}
+    broker = next((c for c in pod_spec.get("containers") or []
+                   if c.get("name") != SIDECAR_CONTAINER
+                   and any(m.get("name") == data_volume for m in c.get("volumeMounts") or [])), None)
+    own = (broker or {}).get("securityContext") or {}
+    out = {}
+    for key in INHERITED_IDENTITY:
+        value = own.get(key, pod_level.get(key))
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[key] = value
     return out
 
 
@@ -309,7 +357,9 @@ def build_sidecar(policy: Policy, *, image: str, native: bool) -> Sidecar:
     }
     canonical = json.dumps({"container": container, "volume": volume}, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
-    return Sidecar(policy.name, container, volume, native, digest)
+    own = policy.sidecar.security_context.to_dict() if policy.sidecar.security_context is not None else {}
+    inherited = tuple(key for key in INHERITED_IDENTITY if key not in own)
+    return Sidecar(policy.name, container, volume, native, digest, target.data_volume, inherited)
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,9 +411,12 @@ def template_patch(template: Mapping[str, Any], sidecar: Sidecar,
     annotations = meta.get("annotations") or {}
     current = find_sidecar(spec)
     volume = _named(spec.get("volumes"), POLICY_VOLUME)
+    container = sidecar.container_for(spec)
     if (annotations.get(SIDECAR_HASH_ANNOTATION) == sidecar.hash
             and annotations.get(POLICY_ANNOTATION) == sidecar.policy_name
-            and current is not None and current[0] == sidecar.list_name and volume is not None):
+            and current is not None and current[0] == sidecar.list_name and volume is not None
+            # the broker's uid changed since: the sidecar follows it
+            and current[1].get("securityContext") == container.get("securityContext")):
         return None
     ops: list[dict[str, Any]] = []
     if resource_version is not None:
@@ -373,7 +426,7 @@ def template_patch(template: Mapping[str, Any], sidecar: Sidecar,
     if current is not None and current[0] == sidecar.other_list_name:  # moved (native sidecars or not)
         ops += _remove_entry(base, current[0], lists[current[0]], SIDECAR_CONTAINER)
         current = None
-    ops += _put_entry(base, sidecar.list_name, lists[sidecar.list_name], SIDECAR_CONTAINER, sidecar.container)
+    ops += _put_entry(base, sidecar.list_name, lists[sidecar.list_name], SIDECAR_CONTAINER, container)
     ops += _put_entry(base, "volumes", lists["volumes"], POLICY_VOLUME, sidecar.volume)
     if "annotations" not in meta:
         ops.append({"op": "add", "path": "/spec/template/metadata/annotations", "value": sidecar.annotations})
@@ -450,7 +503,7 @@ def inject_into_pod(pod: Mapping[str, Any], sidecar: Sidecar) -> dict[str, Any]:
     spec = out.setdefault("spec", {})
     if find_sidecar(spec) is not None:
         return out
-    spec.setdefault(sidecar.list_name, []).append(copy.deepcopy(sidecar.container))
+    spec.setdefault(sidecar.list_name, []).append(sidecar.container_for(spec))
     volumes = [v for v in spec.get("volumes") or [] if v.get("name") != POLICY_VOLUME]
     spec["volumes"] = [*volumes, copy.deepcopy(sidecar.volume)]
     meta = out.setdefault("metadata", {})

@@ -308,3 +308,53 @@ def test_policy_file_round_trip(tmp_path: pathlib.Path) -> None:
     text = policy_file(policy)
     loaded = parse_policy_text(text)
     assert loaded == policy and loaded.policy_generation == 3 and loaded.name == "offsets"
+
+
+# -------------------------------------------------------------------------------------------
+# The sidecar runs as the broker
+# -------------------------------------------------------------------------------------------
+
+
+def _sidecar_of(spec: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in spec["initContainers"] if c["name"] == SIDECAR_CONTAINER)
+
+
+def test_the_sidecar_takes_the_brokers_uid_from_its_container_else_the_pod() -> None:
+    """Strimzi and Bitnami run the broker as 1001, Confluent as 1000: compact and stage modes
+    must write as that uid. The broker container's own securityContext wins over the pod's;
+    nothing is hard-coded (no uid, none: what an SCC assigns applies to both containers)."""
+    sidecar = build_sidecar(make_policy(mode="compact"), image=IMAGE, native=True)
+    template = broker_template(securityContext={"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000})
+    template["spec"]["containers"][0]["securityContext"] = {"runAsUser": 1001}
+    context = _sidecar_of(apply(template, template_patch(template, sidecar, "7"))["spec"])["securityContext"]
+    assert context["runAsUser"] == 1001 and context["runAsGroup"] == 1000 and context["runAsNonRoot"] is True
+    assert "fsGroup" not in context  # pod-wide: the sidecar has it already
+
+    # No uid anywhere: none is invented (restricted-v2 assigns one to the whole pod).
+    plain = broker_template()
+    context = _sidecar_of(apply(plain, template_patch(plain, sidecar, "7"))["spec"])["securityContext"]
+    assert "runAsUser" not in context and "runAsGroup" not in context
+    # Root is never copied (the restricted defaults say runAsNonRoot).
+    root = broker_template(securityContext={"runAsUser": 0})
+    assert "runAsUser" not in _sidecar_of(apply(root, template_patch(root, sidecar, "7"))["spec"])["securityContext"]
+
+    # The webhook's pods get the same.
+    pod = {"metadata": {"name": "kafka-0", "namespace": "kafka"},
+           **broker_template(securityContext={"runAsUser": 1001})}
+    assert _sidecar_of(inject_into_pod(pod, sidecar)["spec"])["securityContext"]["runAsUser"] == 1001
+
+
+def test_the_policys_uid_wins_and_a_changed_broker_uid_is_followed() -> None:
+    pinned = build_sidecar(make_policy(mode="compact", sidecar={"securityContext": {"runAsUser": 1234}}),
+                           image=IMAGE, native=True)
+    template = broker_template(securityContext={"runAsUser": 1001, "runAsGroup": 1001})
+    context = _sidecar_of(apply(template, template_patch(template, pinned, "7"))["spec"])["securityContext"]
+    assert context["runAsUser"] == 1234 and context["runAsGroup"] == 1001
+
+    sidecar = build_sidecar(make_policy(mode="compact"), image=IMAGE, native=True)
+    injected = apply(template, template_patch(template, sidecar, "7"))
+    assert template_patch(injected, sidecar, "7") is None  # nothing changed: no patch, no roll
+    injected["spec"]["securityContext"]["runAsUser"] = 1000  # the broker moved to another uid
+    moved = apply(injected, template_patch(injected, sidecar, "7"))
+    assert _sidecar_of(moved["spec"])["securityContext"]["runAsUser"] == 1000
+    assert template_patch(moved, sidecar, "7") is None
