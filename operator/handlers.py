@@ -53,7 +53,7 @@ from compaction_operator.injection import (
 from compaction_operator.kube import GROUP, PLURAL, VERSION, ApiException, Kube, load_config
 from compaction_operator.scrape import fetch_reports, pod_address
 from compaction_operator.settings import OperatorConfig
-from compaction_operator.status import BrokerPod, Outcome, OutcomeKind, build_status, status_patch
+from compaction_operator.status import BrokerPod, Outcome, OutcomeKind, build_status, status_patch, status_to_write
 from compaction_operator.webhook import choose_policy, webhook_server
 
 from cleaner.clock import SystemTime, Time
@@ -204,7 +204,6 @@ class Operator:
 
     async def _round(self, body: Mapping[str, Any], state: PolicyState, *, scrape: bool,
                      logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
-        kube = self._kube()
         meta = body["metadata"]
         namespace, name, generation = meta["namespace"], meta["name"], int(meta.get("generation") or 1)
         previous = state.status if state.status is not None else dict(body.get("status") or {})
@@ -239,16 +238,26 @@ class Operator:
         new = build_status(policy=policy, generation=generation, previous=previous, outcome=outcome, pods=pods,
                            scrapes=scrapes, sidecar_hash=sidecar.hash if sidecar is not None else None,
                            now=self.now())
-        patch = status_patch(previous, new)
-        if patch is not None:
-            await self.call(kube.patch_policy_status, namespace, name, patch)
-        state.status = new
+        await self._write_status(state, namespace, name, previous, new)
         self._announce(body, previous, new, logger)
         summary = new["summary"]
         metrics.BROKERS_EXPECTED.labels(namespace, name).set(summary["brokersExpected"])
         metrics.BROKERS_REPORTING.labels(namespace, name).set(summary["brokersReporting"])
         stale = sum(1 for e in new["brokers"].values() if e.get("missedReports", 0) >= 3)
         metrics.STALE_BROKERS.labels(namespace, name).set(stale)
+
+    async def _write_status(self, state: PolicyState, namespace: str, name: str, previous: Mapping[str, Any],
+                            new: dict[str, Any]) -> None:
+        """Patch the status only when it changed meaningfully or the heartbeat is due
+        (``status.status_to_write``); ``state.status`` stays what was last written, so that
+        small moves add up to a write and are not lost round by round."""
+        written = status_to_write(previous, new, self.now())
+        if written is None:
+            return
+        patch = status_patch(previous, written)
+        if patch is not None:
+            await self.call(self._kube().patch_policy_status, namespace, name, patch)
+        state.status = written
 
     def _announce(self, body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any],
                   logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
