@@ -26,6 +26,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -54,7 +55,7 @@ from compaction_operator.kube import GROUP, PLURAL, VERSION, ApiException, Kube,
 from compaction_operator.scrape import fetch_reports, pod_address
 from compaction_operator.settings import OperatorConfig
 from compaction_operator.status import BrokerPod, Outcome, OutcomeKind, build_status, status_patch, status_to_write
-from compaction_operator.webhook import choose_policy, webhook_server
+from compaction_operator.webhook import WEBHOOK_ID, choose_policy, webhook_server
 
 from cleaner.clock import SystemTime, Time
 from cleaner.config import API_VERSION, KIND, Injection, Policy, parse_policy
@@ -65,9 +66,6 @@ __all__ = ["FINALIZER", "WEBHOOK_ID", "Operator", "build_registry", "build_setti
 log = logging.getLogger("kafka-cleaner-operator")
 
 FINALIZER = "kafkacleaner.io/finalizer"
-#: The mutating webhook's handler id: kopf serves it at ``/<id>`` (the chart's
-#: MutatingWebhookConfiguration calls that path).
-WEBHOOK_ID = "inject-sidecar"
 GENERATION_ANNOTATION = "kafkacleaner.io/policy-generation"
 MANAGED_BY = "kafka-cleaner-operator"
 #: How long the API server's version is trusted before it is asked again (clusters upgrade).
@@ -113,9 +111,15 @@ def policy_file(policy: Policy) -> str:
 class Operator:
     """The operator's state shared by its handlers: settings, API clients, per-policy state."""
 
-    def __init__(self, config: OperatorConfig, *, time: Time | None = None) -> None:
+    def __init__(self, config: OperatorConfig, *, time: Time | None = None,
+                 webhook_ready: threading.Event | None = None) -> None:
         self.config = config
         self.time = time or SystemTime()
+        #: Set once the policy index holds every policy the API server lists: only then does
+        #: the webhook server listen (:func:`compaction_operator.webhook.webhook_server`'s gate),
+        #: and only then is the replica ready (main.py's /readyz).
+        self.webhook_ready = webhook_ready or threading.Event()
+        self.index_watch: asyncio.Task[None] | None = None
         self.kube: Kube | None = None
         self.session: aiohttp.ClientSession | None = None
         self.version: KubeVersion | None = None
@@ -168,6 +172,28 @@ class Operator:
                     raise
         assert self.version is not None
         return self.version
+
+    async def await_policies_indexed(self, index: Mapping[str, Any], poll: float = 0.2) -> None:
+        """Set ``webhook_ready`` once kopf's policy index holds every policy the API server
+        lists (kopf fills its index from a watch of its own and says nothing when the first
+        listing is in; a webhook answering before that would admit broker pods without the
+        sidecar of a policy it has not seen yet). Listed again until then: a policy deleted
+        meanwhile is no longer waited for."""
+        while True:
+            try:
+                listed = [(p["metadata"]["namespace"], p["metadata"]["name"])
+                          for p in await self.call(self._kube().list_policies, self.config.namespaces)]
+            except Exception as exc:  # the API server is not there yet: try again
+                log.warning("Cannot list the CompactionPolicies yet: %s", exc)
+                listed = None
+            if listed is not None:
+                missing = [(ns, name) for ns, name in listed
+                           if not any((m.get("metadata") or {}).get("name") == name for m in index.get(ns, []))]
+                if not missing:
+                    log.info("The webhook's policy index holds all %d policies: serving the webhook.", len(listed))
+                    self.webhook_ready.set()
+                    return
+            await asyncio.sleep(poll if listed is not None else 1.0)
 
     def state(self, body: Mapping[str, Any]) -> PolicyState:
         return self.policies.setdefault(body["metadata"]["uid"], PolicyState())
@@ -501,17 +527,20 @@ def _interval(body: Mapping[str, Any]) -> float:
         return 30.0
 
 
-def build_settings(config: OperatorConfig, settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
-    """kopf's settings for this configuration (on top of ``settings`` if given)."""
+def build_settings(config: OperatorConfig, settings: kopf.OperatorSettings | None = None, *,
+                   operator: Operator | None = None) -> kopf.OperatorSettings:
+    """kopf's settings for this configuration (on top of ``settings`` if given). With
+    ``operator``, the webhook server listens only once its policy index is complete."""
     settings = settings or kopf.OperatorSettings()
     settings.persistence.finalizer = FINALIZER
     # Only warnings and errors of the handlers' logs become Events; the operator posts its
     # own Normal events explicitly (kopf.event), so rounds every few seconds do not flood.
     settings.posting.level = logging.WARNING
     if config.webhook_enabled:
-        settings.admission.server = webhook_server(config)
-        # None: the MutatingWebhookConfiguration is deployed with the operator (the chart's).
-        settings.admission.managed = config.webhook_configuration
+        settings.admission.server = webhook_server(config, gate=operator.webhook_ready if operator else None)
+        # Never kopf's: the chart deploys the configuration, or the server publishes the
+        # operator's own (webhook.webhook_configuration, the chart's field for field).
+        settings.admission.managed = None
     return settings
 
 
@@ -534,11 +563,17 @@ def build_registry(config: OperatorConfig, operator: Operator | None = None, *,
         return kopf.login_via_client(**kwargs)
 
     @kopf.on.startup(registry=registry)
-    async def startup(logger: logging.Logger, **_: Any) -> None:
+    async def startup(logger: logging.Logger, **kwargs: Any) -> None:
         await op.start(logger)
+        if config.webhook_enabled:
+            # kopf's indices are passed to startup handlers too (empty now, filled later).
+            op.index_watch = asyncio.create_task(op.await_policies_indexed(kwargs["policies"]))
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
+        op.webhook_ready.clear()
+        if op.index_watch is not None:
+            op.index_watch.cancel()
         await op.stop()
 
     if webhook_only and not config.webhook_enabled:

@@ -6,7 +6,7 @@ operator can be started more than once in one process (tests) without duplicate 
 Labels are bounded: namespace and policy, plus pod only on scrape failures (a policy's brokers).
 
 The server answers ``/metrics``, ``/healthz`` (the process is alive) and ``/readyz`` (kopf runs
-and, with leader election, this replica leads: so a Service sends webhook calls to the leader).
+and, with the webhook enabled, the webhook can answer: main.is_ready).
 """
 
 from __future__ import annotations
