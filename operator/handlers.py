@@ -55,7 +55,7 @@ from compaction_operator.kube import GROUP, PLURAL, VERSION, ApiException, Kube,
 from compaction_operator.scrape import fetch_reports, pod_address
 from compaction_operator.settings import OperatorConfig
 from compaction_operator.status import BrokerPod, Outcome, OutcomeKind, build_status, status_patch, status_to_write
-from compaction_operator.webhook import WEBHOOK_ID, choose_policy, webhook_server
+from compaction_operator.webhook import WEBHOOK_ID, Choice, choose_policy, webhook_server
 
 from cleaner.clock import SystemTime, Time
 from cleaner.config import API_VERSION, KIND, Injection, Policy, parse_policy
@@ -120,6 +120,7 @@ class Operator:
         #: and only then is the replica ready (main.py's /readyz).
         self.webhook_ready = webhook_ready or threading.Event()
         self.index_watch: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
         self.kube: Kube | None = None
         self.session: aiohttp.ClientSession | None = None
         self.version: KubeVersion | None = None
@@ -234,6 +235,7 @@ class Operator:
         namespace, name, generation = meta["namespace"], meta["name"], int(meta.get("generation") or 1)
         previous = state.status if state.status is not None else dict(body.get("status") or {})
         pods: list[BrokerPod] | None = None
+        overlap: str | None = None
         scrapes = None
         sidecar: Sidecar | None = None
         policy: Policy | None = None
@@ -258,12 +260,14 @@ class Operator:
             outcome = Outcome.stalled("InvalidSpec", str(exc))
         except Stalled as exc:
             outcome = Outcome.stalled(exc.reason, exc.message)
+        if policy is not None:  # also when stalled: a TargetConflict stalls the second of two
+            overlap = await self._overlap(policy, namespace, pods)
         if outcome.kind is OutcomeKind.STALLED:
             metrics.RECONCILE_ERRORS.labels(namespace, name, outcome.reason).inc()
 
         new = build_status(policy=policy, generation=generation, previous=previous, outcome=outcome, pods=pods,
                            scrapes=scrapes, sidecar_hash=sidecar.hash if sidecar is not None else None,
-                           now=self.now())
+                           now=self.now(), overlap=overlap)
         await self._write_status(state, namespace, name, previous, new)
         self._announce(body, previous, new, logger)
         summary = new["summary"]
@@ -420,6 +424,48 @@ class Operator:
             kopf.event(sts, type="Normal", reason="SidecarRemoved", message=f"{message} (CompactionPolicy {name})")
             logger.info(message + ".")
 
+    async def _overlap(self, policy: Policy, namespace: str, pods: Sequence[BrokerPod] | None) -> str | None:
+        """Which other policies of the namespace select some of this policy's pods (or the
+        same StatefulSet), as a message naming them and the pods; None when none does. Every
+        policy involved says so in its own status (``Degraded``, ``OverlappingPolicies``) and
+        an Event, whichever injected: one pod gets one sidecar (the StatefulSet's owner, or
+        the webhook's first by name), and the other policy's settings silently do nothing."""
+        if policy.target is None:
+            return None
+        if pods is None:  # the round stalled before listing them
+            try:
+                pods = await self._target_pods(policy, namespace)
+            except Stalled:
+                pods = []
+        mine = {pod.name for pod in pods}
+        found: list[str] = []
+        shared: set[str] = set()
+        for manifest in await self.call(self._kube().list_policies, [namespace]):
+            if manifest["metadata"]["name"] == policy.name or manifest["metadata"].get("deletionTimestamp"):
+                continue
+            try:
+                other = parse_policy(_manifest(manifest))
+            except PolicyError:
+                continue  # an invalid policy injects nothing
+            if other.target is None:
+                continue
+            same_sts = (other.target.stateful_set is not None
+                        and other.target.stateful_set == policy.target.stateful_set)
+            try:
+                theirs = {pod.name for pod in await self._target_pods(other, namespace)}
+            except Stalled:
+                theirs = set()
+            if same_sts or mine & theirs:
+                found.append(str(other.name))
+                shared |= mine & theirs
+        if not found:
+            return None
+        listed = sorted(shared)
+        more = f" and {len(listed) - 10} more" if len(listed) > 10 else ""
+        what = f"pods {', '.join(listed[:10])}{more}" if shared else f"StatefulSet {policy.target.stateful_set}"
+        return (f"CompactionPolicies {', '.join(sorted(found))} also select {what}: a pod gets the sidecar "
+                "of one policy only; make the targets disjoint")
+
     async def _target_pods(self, policy: Policy, namespace: str) -> list[BrokerPod]:
         kube = self._kube()
         target = policy.target
@@ -496,11 +542,37 @@ class Operator:
             except Exception as e:  # the pod is admitted all the same
                 log.warning("cannot post the InjectionFailed Event on %s: %s", manifest["metadata"]["name"], e)
 
+    def _report_overlap(self, pod: Mapping[str, Any], manifests: Sequence[Mapping[str, Any]],
+                        choice: Choice) -> None:
+        """A Warning Event on every policy that selects the pod being admitted (not only a
+        warning to whoever created the pod), posted in the background: the admission answer
+        must not wait for it. The policies' own rounds report the overlap in their status."""
+        meta = pod.get("metadata") or {}
+        name = meta.get("name") or (meta.get("generateName") or "") + "*"
+        message = (f"pod {name}: CompactionPolicies {', '.join(choice.overlapping)} all select it; only "
+                   f"{choice.overlapping[0]} injects its sidecar (make the targets disjoint)")
+
+        async def post() -> None:
+            for manifest in manifests:
+                if manifest["metadata"]["name"] in choice.overlapping:
+                    try:
+                        await self.call(self._kube().create_event, manifest, "Warning", "OverlappingPolicies",
+                                        message)
+                    except Exception as e:
+                        log.warning("cannot post the OverlappingPolicies Event on %s: %s",
+                                    manifest["metadata"]["name"], e)
+
+        task = asyncio.get_running_loop().create_task(post())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def mutate_pod(self, body: Mapping[str, Any], patch: kopf.Patch, warnings: list[str],
                          manifests: Sequence[Mapping[str, Any]]) -> None:
         pod = json.loads(json.dumps(dict(body)))
         choice = choose_policy(pod, manifests)
         warnings.extend(choice.warnings)
+        if choice.overlapping:
+            self._report_overlap(pod, manifests, choice)
         policy = choice.policy
         if policy is None:
             return

@@ -279,13 +279,15 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
                  outcome: Outcome, pods: Sequence[BrokerPod] | None,
                  scrapes: Mapping[str, Scrape] | None, sidecar_hash: str | None,
                  now: datetime.datetime, interval_seconds: int = 30,
-                 top_partitions: int = 20) -> dict[str, Any]:
+                 top_partitions: int = 20, overlap: str | None = None) -> dict[str, Any]:
     """The whole new status (without ``status.kopf``, which is kopf's).
 
     ``pods`` are the target pods (None: not looked up this round, keep the brokers as they
     were); ``scrapes`` the reports pulled this round by pod name (None: no pull this round, so
     no report counts as missed); ``sidecar_hash`` the hash of the sidecar the pods should run
-    (None: no target). ``policy`` is None when the spec is invalid.
+    (None: no target). ``policy`` is None when the spec is invalid. ``overlap``: other
+    policies select some of the same pods (the message naming them and the pods), which makes
+    the policy Degraded (``OverlappingPolicies``) unless something worse does.
     """
     previous = previous or {}
     old_brokers: Mapping[str, Mapping[str, Any]] = previous.get("brokers") or {}
@@ -383,6 +385,8 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
     elif broken:
         degraded = ("SidecarErrors", f"sidecar cleaner failing on {_names(broken)}"
                     + _first_error(brokers, broken, dead_threads=True))
+    elif overlap is not None:
+        degraded = ("OverlappingPolicies", overlap)
     else:
         degraded = None
     put("Degraded", degraded is not None, *(degraded or (RECONCILED, "")))

@@ -58,6 +58,8 @@ class Choice:
 
     policy: Policy | None
     warnings: tuple[str, ...] = ()
+    #: Every policy that selects the pod, when more than one does (the first by name injects).
+    overlapping: tuple[str, ...] = ()
 
 
 def _selects(policy: Policy, pod: Mapping[str, Any]) -> bool:
@@ -91,16 +93,18 @@ def choose_policy(pod: Mapping[str, Any], manifests: Iterable[Mapping[str, Any]]
     if not matching:
         return Choice(None)
     chosen, warnings = matching[0], []
+    overlapping: tuple[str, ...] = ()
     if len(matching) > 1:
         others = ", ".join(p.name or "?" for p in matching[1:])
         warnings.append(f"kafka-cleaner: CompactionPolicies {chosen.name}, {others} all select this pod; "
                         f"only {chosen.name} injects its sidecar")
+        overlapping = tuple(p.name or "?" for p in matching)
     assert chosen.target is not None
     if not has_data_volume(pod.get("spec") or {}, chosen.target.data_volume):
         warnings.append(f"kafka-cleaner: CompactionPolicy {chosen.name} selects this pod, but it has no volume "
                         f"{chosen.target.data_volume!r} (target.dataVolume): no sidecar injected")
-        return Choice(None, tuple(warnings))
-    return Choice(chosen, tuple(warnings))
+        return Choice(None, tuple(warnings), overlapping)
+    return Choice(chosen, tuple(warnings), overlapping)
 
 
 def webhook_configuration(config: OperatorConfig, client_config: Mapping[str, Any]) -> dict[str, Any]:

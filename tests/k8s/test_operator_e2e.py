@@ -199,3 +199,31 @@ def test_the_webhook_answers_on_the_path_the_charts_configuration_names(
         wait_for(lambda: cluster.policy("strimzi") is None, what="deleted")
         assert cluster.configmap("strimzi-kafka-cleaner") is None
     assert ("CompactionPolicy", "WebhookPodsUnchanged") in [e[:2] for e in cluster.events()]
+
+
+def test_overlapping_policies_are_reported_on_both(cluster: ApiCluster) -> None:
+    """Two policies selecting the same pods: today's StatefulSet path stalls the second
+    (TargetConflict), and now both say so in their own status (Degraded,
+    OverlappingPolicies, naming the other) with a Warning Event each, not only the workload."""
+    cluster.apps.create_namespaced_stateful_set(NS, _sts("shared"))
+    with running_operator(expected_warnings=("OverlappingPolicies", "TargetConflict")):
+        _create_policy(cluster, policy("aa-first", target=sts_target("shared")))
+        wait_for(lambda: SIDECAR_HASH_ANNOTATION in cluster.sts("shared")["spec"]["template"]["metadata"]
+                 .get("annotations", {}), what="the first policy's injection")
+        _create_policy(cluster, policy("bb-second", target=sts_target("shared")))
+        for name, other in (("aa-first", "bb-second"), ("bb-second", "aa-first")):
+            degraded = wait_for(lambda n=name: (c := cluster.condition(n, "Degraded")).get("reason")
+                                == "OverlappingPolicies" and c, timeout=90, what=f"{name} Degraded")
+            assert other in degraded["message"] and "StatefulSet shared" in degraded["message"]
+        assert cluster.condition("bb-second", "Stalled")["reason"] == "TargetConflict"
+        events = wait_for(lambda: [e for e in cluster.events() if e[1] == "OverlappingPolicies"] if len(
+            {e[2] for e in cluster.events() if e[1] == "OverlappingPolicies"}) == 2 else None,
+            what="an OverlappingPolicies Event on each policy")
+        assert {e[0] for e in events} == {"CompactionPolicy"}
+
+        # Disjoint again: the survivor recovers.
+        cluster.custom.delete_namespaced_custom_object(G, V, NS, P, "bb-second")
+        wait_for(lambda: cluster.condition("aa-first", "Degraded").get("status") == "False", timeout=90,
+                 what="recovered")
+        cluster.custom.delete_namespaced_custom_object(G, V, NS, P, "aa-first")
+        wait_for(lambda: all(cluster.policy(n) is None for n in ("aa-first", "bb-second")), what="deleted")

@@ -193,6 +193,8 @@ def test_ambiguity_missing_volume_and_invalid_policies() -> None:
     choice = choose_policy(pod({"strimzi.io/kind": "Kafka"}), two)
     assert choice.policy is not None and choice.policy.name == "x"
     assert "only x injects" in choice.warnings[0]
+    assert choice.overlapping == ("x", "y")  # both policies get an OverlappingPolicies Event
+    assert choose_policy(pod({"strimzi.io/kind": "Kafka"}), two[:1]).overlapping == ()
     choice = choose_policy(pod({"strimzi.io/kind": "Kafka"}, volumes=("data",)), two[:1])
     assert choice.policy is None and "no volume 'data-0'" in choice.warnings[0]
     bad = manifest("bad", target=STRIMZI, topics=[{"match": "(?<name>x)"}])  # not a Python regex

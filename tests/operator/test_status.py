@@ -474,3 +474,13 @@ def test_a_broker_that_stays_silent_is_written_until_it_is_stale() -> None:
             written = to_write
     assert writes == STALE_AFTER and written["brokers"]["kafka-2"]["missedReports"] == STALE_AFTER
     assert condition(written, "Degraded")["reason"] == "BrokersNotReporting"
+
+
+def test_overlapping_policies_degrade_the_policy() -> None:
+    message = "CompactionPolicies other also select pods kafka-0: a pod gets the sidecar of one policy only"
+    status = build_status(policy=make_policy(), generation=3, previous=None, outcome=Outcome(),
+                          pods=pods("kafka-0"), scrapes={"kafka-0": ok("kafka-0")}, sidecar_hash=HASH, now=T0,
+                          overlap=message)
+    degraded = condition(status, "Degraded")
+    assert (degraded["status"], degraded["reason"], degraded["message"]) == ("True", "OverlappingPolicies", message)
+    assert condition(status, "Ready")["reason"] == "OverlappingPolicies"
