@@ -68,6 +68,7 @@ __all__ = [
     "CleanerConfig",
     "CleanupPolicy",
     "CompactConfig",
+    "DataVolume",
     "FieldSpec",
     "FrozenMap",
     "Injection",
@@ -440,6 +441,8 @@ class _List(_Kind):
     min_items: int | None = None
     max_items: int | None = None
     unique: bool = False
+    #: Keys of a list of objects (``x-kubernetes-list-type: map``): no two items share them.
+    map_keys: tuple[str, ...] = ()
 
     def parse(self, value: object, path: str) -> tuple[Any, ...]:
         if not isinstance(value, list | tuple):
@@ -449,12 +452,17 @@ class _List(_Kind):
         if self.max_items is not None and len(value) > self.max_items:
             raise PolicyError(path, f"must have at most {self.max_items} items, got {len(value)}")
         items = tuple(self.item.parse(item, f"{path}[{index}]") for index, item in enumerate(value))
-        if self.unique:
+        if self.unique or self.map_keys:
             seen: set[Any] = set()
             for index, item in enumerate(items):
-                if item in seen:
-                    raise PolicyError(f"{path}[{index}]", f"duplicate entry {item!r}")
-                seen.add(item)
+                key = tuple(item.to_dict()[k] for k in self.map_keys) if self.map_keys else item
+                if key in seen:
+                    if self.map_keys:
+                        what = ", ".join(f"{k}={v!r}" for k, v in zip(self.map_keys, key, strict=True))
+                    else:
+                        what = repr(item)
+                    raise PolicyError(f"{path}[{index}]", f"duplicate entry {what}")
+                seen.add(key)
         return items
 
     def dump(self, value: Any) -> Any:
@@ -465,7 +473,8 @@ class _List(_Kind):
             type="array",
             minItems=self.min_items,
             maxItems=self.max_items,
-            **{"x-kubernetes-list-type": "set" if self.unique else None},
+            **{"x-kubernetes-list-type": "map" if self.map_keys else "set" if self.unique else None,
+               "x-kubernetes-list-map-keys": list(self.map_keys) or None},
         )
 
 
@@ -844,6 +853,14 @@ class LabelSelector(_Model):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DataVolume(_Model):
+    """One more data volume of a JBOD broker (``log.dirs`` over several disks)."""
+
+    name: str = _field("name", _VOLUME_NAME)
+    mount_path: str = _field("mountPath", _MOUNT_PATH)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Target(_Model):
     """Which broker pods get the sidecar, and where their Kafka log directories are.
 
@@ -857,7 +874,17 @@ class Target(_Model):
     data_volume: str = _field("dataVolume", _VOLUME_NAME)
     mount_path: str = _field("mountPath", _MOUNT_PATH)
     log_dirs: tuple[str, ...] = _field("logDirs", _LOG_DIRS)
+    #: JBOD: the broker's other data volumes; ``logDirs`` are looked for under each mount too.
+    additional_data_volumes: tuple[DataVolume, ...] = _field(
+        "additionalDataVolumes", _List(_Obj(DataVolume), max_items=15, map_keys=("name",)), (), omit_empty=True
+    )
     injection: Injection | None = _field("injection", _Str(enum=tuple(Injection), enum_type=Injection), None)
+
+    @property
+    def data_volumes(self) -> tuple[tuple[str, str], ...]:
+        """(volume, mount path) of every data volume: ``dataVolume`` first, then the others."""
+        return ((self.data_volume, self.mount_path),
+                *((v.name, v.mount_path) for v in self.additional_data_volumes))
 
     @property
     def effective_injection(self) -> Injection:
@@ -871,6 +898,15 @@ class Target(_Model):
         if (self.stateful_set is None) == (self.pod_selector is None):
             got = "both" if self.stateful_set is not None else "neither"
             raise PolicyError(path, f"exactly one of statefulSet or podSelector must be set, got {got}")
+        # CEL: !has(self.additionalDataVolumes) || self.additionalDataVolumes.all(v, v.name != self.dataVolume
+        #      && v.mountPath != self.mountPath)
+        for index, volume in enumerate(self.additional_data_volumes):
+            if volume.name == self.data_volume or volume.mount_path == self.mount_path:
+                raise PolicyError(
+                    f"{path}.additionalDataVolumes",
+                    f"entry {index} ({volume.name} at {volume.mount_path}) repeats dataVolume or mountPath: "
+                    "each data volume once, each at its own path",
+                )
         # CEL: !has(self.injection) || self.injection != 'statefulSet' || has(self.statefulSet)
         if self.injection is Injection.STATEFUL_SET and self.stateful_set is None:
             raise PolicyError(

@@ -45,9 +45,9 @@ from compaction_operator.injection import (
     build_sidecar,
     configmap_name,
     find_sidecar,
-    has_data_volume,
     inject_into_pod,
     label_selector_string,
+    missing_data_volumes,
     removal_patch,
     template_patch,
 )
@@ -386,10 +386,11 @@ class Operator:
         if owner not in (None, policy.name) and find_sidecar(template.get("spec") or {}) is not None:
             raise Stalled("TargetConflict", f"StatefulSet {sts_name} already carries the sidecar of "
                           f"CompactionPolicy {owner}")
-        if not has_data_volume(template.get("spec") or {}, policy.target.data_volume,
-                               (sts.get("spec") or {}).get("volumeClaimTemplates") or []):
+        missing = missing_data_volumes(policy, template.get("spec") or {},
+                                       (sts.get("spec") or {}).get("volumeClaimTemplates") or [])
+        if missing:
             raise Stalled("DataVolumeNotFound", f"StatefulSet {sts_name} has no volume or volume claim template "
-                          f"named {policy.target.data_volume!r} (target.dataVolume)")
+                          f"named {', '.join(map(repr, missing))} (target.dataVolume, additionalDataVolumes)")
         patch = template_patch(template, sidecar, sts["metadata"]["resourceVersion"])
         if patch is None:
             return

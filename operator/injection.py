@@ -17,7 +17,8 @@ broker's own containers):
   ConfigMap) and ``kafkacleaner.io/policy`` (which policy injected it).
 
 The sidecar mounts the broker's existing data volume (``target.dataVolume``) at
-``target.mountPath``, read-only in mode observe.
+``target.mountPath``, and a JBOD broker's other ones (``target.additionalDataVolumes``) at
+theirs, read-only in mode observe; it takes every log dir under each.
 
 The sidecar runs as the broker (compact and stage modes write files the broker must open
 read-write, and the sidecar refuses those modes otherwise): unless ``sidecar.securityContext``
@@ -63,6 +64,7 @@ __all__ = [
     "has_data_volume",
     "inject_into_pod",
     "label_selector_string",
+    "missing_data_volumes",
     "removal_patch",
     "security_context",
     "selector_matches",
@@ -282,15 +284,17 @@ def security_context(policy: Policy) -> dict[str, Any]:
 def sidecar_args(policy: Policy) -> list[str]:
     """The ``kafka-cleaner`` arguments: the contract with the sidecar (docs/operator.md).
 
-    Log dirs are ``mountPath/logDir``, normalised (``.`` is the mount itself); wildcards such
-    as ``kafka-log*`` are passed as they are, and the sidecar expands them.
+    Log dirs are ``mountPath/logDir``, normalised (``.`` is the mount itself), under every data
+    volume's mount (JBOD: ``additionalDataVolumes``); wildcards such as ``kafka-log*`` are passed
+    as they are, and the sidecar expands them.
     """
     target = policy.target
     if target is None:
         raise ValueError("a policy without a target has no sidecar")
     args = ["sidecar", "--policy", POLICY_PATH]
-    for log_dir in target.log_dirs:
-        args += ["--log-dir", posixpath.normpath(posixpath.join(target.mount_path, log_dir))]
+    for _volume, mount_path in target.data_volumes:
+        for log_dir in target.log_dirs:
+            args += ["--log-dir", posixpath.normpath(posixpath.join(mount_path, log_dir))]
     args += ["--listen", f"0.0.0.0:{policy.sidecar.port}", "--broker-name", "$(POD_NAME)"]
     return args
 
@@ -324,8 +328,8 @@ def build_sidecar(policy: Policy, *, image: str, native: bool) -> Sidecar:
         "ports": [{"name": PORT_NAME, "containerPort": policy.sidecar.port, "protocol": "TCP"}],
         "volumeMounts": [
             {"name": POLICY_VOLUME, "mountPath": POLICY_DIR, "readOnly": True},
-            {"name": target.data_volume, "mountPath": target.mount_path,
-             "readOnly": policy.mode is Mode.OBSERVE},
+            *({"name": volume, "mountPath": mount_path, "readOnly": policy.mode is Mode.OBSERVE}
+              for volume, mount_path in target.data_volumes),
             # The sidecar calls no Kubernetes API, so it gets no credentials: the API server's
             # ServiceAccount admission mounts the pod's token into every container that has
             # nothing at this path (the broker's token, on a StatefulSet's pods), and skips a
@@ -386,6 +390,15 @@ def has_data_volume(pod_spec: Mapping[str, Any], volume: str,
     if _named(pod_spec.get("volumes"), volume) is not None:
         return True
     return any((t.get("metadata") or {}).get("name") == volume for t in claim_templates)
+
+
+def missing_data_volumes(policy: Policy, pod_spec: Mapping[str, Any],
+                         claim_templates: Sequence[Mapping[str, Any]] = ()) -> list[str]:
+    """The policy's data volumes (``dataVolume`` and a JBOD broker's ``additionalDataVolumes``)
+    the pod (template) lacks: the sidecar must see every log dir of the broker, not some."""
+    assert policy.target is not None
+    return [volume for volume, _ in policy.target.data_volumes
+            if not has_data_volume(pod_spec, volume, claim_templates)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from typing import Any
 
 import kopf
 import kubernetes
-from compaction_operator.injection import has_data_volume, selector_matches
+from compaction_operator.injection import missing_data_volumes, selector_matches
 from compaction_operator.settings import OperatorConfig
 
 from cleaner.config import Injection, Policy, parse_policy
@@ -100,9 +100,11 @@ def choose_policy(pod: Mapping[str, Any], manifests: Iterable[Mapping[str, Any]]
                         f"only {chosen.name} injects its sidecar")
         overlapping = tuple(p.name or "?" for p in matching)
     assert chosen.target is not None
-    if not has_data_volume(pod.get("spec") or {}, chosen.target.data_volume):
+    missing = missing_data_volumes(chosen, pod.get("spec") or {})
+    if missing:
         warnings.append(f"kafka-cleaner: CompactionPolicy {chosen.name} selects this pod, but it has no volume "
-                        f"{chosen.target.data_volume!r} (target.dataVolume): no sidecar injected")
+                        f"{', '.join(map(repr, missing))} (target.dataVolume, additionalDataVolumes): "
+                        "no sidecar injected")
         return Choice(None, tuple(warnings), overlapping)
     return Choice(chosen, tuple(warnings), overlapping)
 

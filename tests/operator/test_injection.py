@@ -358,3 +358,31 @@ def test_the_policys_uid_wins_and_a_changed_broker_uid_is_followed() -> None:
     moved = apply(injected, template_patch(injected, sidecar, "7"))
     assert _sidecar_of(moved["spec"])["securityContext"]["runAsUser"] == 1000
     assert template_patch(moved, sidecar, "7") is None
+
+
+# -------------------------------------------------------------------------------------------
+# JBOD: every data volume of the broker
+# -------------------------------------------------------------------------------------------
+
+
+def test_a_jbod_broker_gets_every_data_volume_mounted_and_every_log_dir_passed() -> None:
+    """Strimzi JBOD: volumes data-0 and data-1 at /var/lib/kafka/data-0 and -1, a log dir
+    kafka-log<id> in each. The sidecar mounts both and is given the log dirs of both."""
+    target = {"statefulSet": "kafka", "dataVolume": "data-0", "mountPath": "/var/lib/kafka/data-0",
+              "logDirs": ["kafka-log*"],
+              "additionalDataVolumes": [{"name": "data-1", "mountPath": "/var/lib/kafka/data-1"}]}
+    policy = make_policy(mode="compact", target=target)
+    sidecar = build_sidecar(policy, image=IMAGE, native=True)
+    args = sidecar.container["args"]
+    dirs = [args[i + 1] for i, a in enumerate(args) if a == "--log-dir"]
+    assert dirs == ["/var/lib/kafka/data-0/kafka-log*", "/var/lib/kafka/data-1/kafka-log*"]
+    mounts = {m["name"]: m for m in sidecar.container["volumeMounts"]}
+    assert mounts["data-0"]["mountPath"] == "/var/lib/kafka/data-0" and mounts["data-0"]["readOnly"] is False
+    assert mounts["data-1"]["mountPath"] == "/var/lib/kafka/data-1" and mounts["data-1"]["readOnly"] is False
+
+    one_disk = broker_template(volumes=[{"name": "data-0", "emptyDir": {}}])
+    assert injection.missing_data_volumes(policy, one_disk["spec"]) == ["data-1"]
+    both = broker_template(volumes=[{"name": "data-0", "emptyDir": {}}, {"name": "data-1", "emptyDir": {}}])
+    assert injection.missing_data_volumes(policy, both["spec"]) == []
+    claims = [{"metadata": {"name": "data-0"}}, {"metadata": {"name": "data-1"}}]
+    assert injection.missing_data_volumes(policy, broker_template()["spec"], claims) == []
