@@ -227,3 +227,37 @@ def test_overlapping_policies_are_reported_on_both(cluster: ApiCluster) -> None:
                  what="recovered")
         cluster.custom.delete_namespaced_custom_object(G, V, NS, P, "aa-first")
         wait_for(lambda: all(cluster.policy(n) is None for n in ("aa-first", "bb-second")), what="deleted")
+
+
+def test_a_jbod_statefulset_gets_every_data_volume_into_the_sidecar(cluster: ApiCluster) -> None:
+    """Two data volumes (claim templates data-0 and data-1, as Strimzi's JBOD): the sidecar
+    the API server stores mounts both and is given the log dirs of both; a policy naming a
+    third volume the StatefulSet lacks stalls with DataVolumeNotFound, naming it."""
+    sts = _sts("jbod")
+    kafka = sts["spec"]["template"]["spec"]["containers"][0]
+    kafka["volumeMounts"] = [{"name": "data-0", "mountPath": "/var/lib/kafka/data-0"},
+                             {"name": "data-1", "mountPath": "/var/lib/kafka/data-1"}]
+    claim = sts["spec"]["volumeClaimTemplates"][0]
+    sts["spec"]["volumeClaimTemplates"] = [{**claim, "metadata": {"name": f"data-{i}"}} for i in (0, 1)]
+    cluster.apps.create_namespaced_stateful_set(NS, sts)
+    target = {"statefulSet": "jbod", "dataVolume": "data-0", "mountPath": "/var/lib/kafka/data-0",
+              "logDirs": ["kafka-log*"],
+              "additionalDataVolumes": [{"name": "data-1", "mountPath": "/var/lib/kafka/data-1"}]}
+    with running_operator(expected_warnings=("DataVolumeNotFound",)):
+        _create_policy(cluster, policy("jbod", target=target))
+        stored = wait_for(lambda: (s := cluster.sts("jbod")) and SIDECAR_HASH_ANNOTATION in
+                          s["spec"]["template"]["metadata"].get("annotations", {}) and s, what="injection")
+        ours = next(c for c in stored["spec"]["template"]["spec"]["initContainers"] if c["name"] == SIDECAR_CONTAINER)
+        mounts = {m["name"]: m["mountPath"] for m in ours["volumeMounts"]}
+        assert mounts["data-0"] == "/var/lib/kafka/data-0" and mounts["data-1"] == "/var/lib/kafka/data-1"
+        dirs = [ours["args"][i + 1] for i, a in enumerate(ours["args"]) if a == "--log-dir"]
+        assert dirs == ["/var/lib/kafka/data-0/kafka-log*", "/var/lib/kafka/data-1/kafka-log*"]
+
+        three = {**target, "additionalDataVolumes": [*target["additionalDataVolumes"],
+                                                     {"name": "data-2", "mountPath": "/var/lib/kafka/data-2"}]}
+        cluster.patch_spec("jbod", {"target": three})
+        stalled = wait_for(lambda: (c := cluster.condition("jbod", "Stalled")).get("status") == "True" and c,
+                           what="Stalled")
+        assert stalled["reason"] == "DataVolumeNotFound" and "'data-2'" in stalled["message"]
+        cluster.custom.delete_namespaced_custom_object(G, V, NS, P, "jbod")
+        wait_for(lambda: cluster.policy("jbod") is None, what="deleted")
