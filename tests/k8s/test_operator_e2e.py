@@ -261,3 +261,46 @@ def test_a_jbod_statefulset_gets_every_data_volume_into_the_sidecar(cluster: Api
         assert stalled["reason"] == "DataVolumeNotFound" and "'data-2'" in stalled["message"]
         cluster.custom.delete_namespaced_custom_object(G, V, NS, P, "jbod")
         wait_for(lambda: cluster.policy("jbod") is None, what="deleted")
+
+
+def test_two_webhook_policies_selecting_one_pod_are_both_told(cluster: ApiCluster) -> None:
+    """Webhook injection: two podSelector policies select the same Strimzi broker. The pod
+    gets the first one's sidecar (by name), its creator a warning, each policy an
+    OverlappingPolicies Event; and once such a pod exists, both policies' status says so."""
+    port = free_port()
+    selector = {"matchLabels": {"strimzi.io/kind": "Kafka"}}
+    target = {"podSelector": selector, "dataVolume": "data-0", "mountPath": "/var/lib/kafka/data-0",
+              "logDirs": ["kafka-log*"], "injection": "webhook"}
+    url = f"http://127.0.0.1:{port}/inject-sidecar"
+    with running_operator(webhook_enabled=True, webhook_insecure=True, webhook_addr="127.0.0.1", webhook_port=port,
+                          expected_warnings=("OverlappingPolicies",)):
+        for name in ("wa", "wb"):
+            _create_policy(cluster, policy(name, target=target, reporting={"intervalSeconds": 1}))
+        for name in ("wa", "wb"):
+            wait_for(lambda n=name: cluster.configmap(f"{n}-kafka-cleaner"), what=f"{name}'s ConfigMap")
+        broker = strimzi_pod("ov-broker-0", {"strimzi.io/kind": "Kafka"})
+        answer = wait_for(lambda: (a := post_review(url, admission_review(broker, "ov-1")))["response"].get("patch")
+                          and a, what="an injecting answer")  # fmt: skip
+        response = answer["response"]
+        assert any("wa, wb all select this pod; only wa injects" in w for w in response.get("warnings", [])), response
+        ops = json.loads(base64.b64decode(response["patch"]))
+        assert jsonpatch.apply_patch(broker, ops)["metadata"]["annotations"][POLICY_ANNOTATION] == "wa"
+        def overlap_events() -> dict[str, str]:
+            listed = json.loads(cluster.core.list_namespaced_event(NS, _preload_content=False).data)
+            return {e["involvedObject"]["name"]: e["message"] for e in listed["items"]
+                    if e["reason"] == "OverlappingPolicies" and "ov-broker-0" in e["message"]
+                    and e["involvedObject"].get("kind") == "CompactionPolicy"}
+
+        events = wait_for(lambda: (found := overlap_events()) and set(found) == {"wa", "wb"} and found,
+                          what="an OverlappingPolicies Event on each policy")  # fmt: skip
+        assert all("only wa injects" in message for message in events.values())
+
+        cluster.core.create_namespaced_pod(NS, broker, _preload_content=False)
+        for name, other in (("wa", "wb"), ("wb", "wa")):
+            degraded = wait_for(lambda n=name: (c := cluster.condition(n, "Degraded")).get("reason")
+                                == "OverlappingPolicies" and c, timeout=90, what=f"{name} Degraded")
+            assert other in degraded["message"] and "ov-broker-0" in degraded["message"]
+        cluster.core.delete_namespaced_pod("ov-broker-0", NS, grace_period_seconds=0)
+        for name in ("wa", "wb"):
+            cluster.custom.delete_namespaced_custom_object(G, V, NS, P, name)
+        wait_for(lambda: all(cluster.policy(n) is None for n in ("wa", "wb")), what="deleted")
