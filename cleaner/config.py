@@ -16,7 +16,9 @@ defaults) and checks that every CEL rule of the CRD is enforced here with the sa
 Validation follows what the Kubernetes API server does with the CRD, so that a file accepted
 by the CLI is accepted by ``kubectl apply`` and the other way round:
 
-* unknown fields are errors (``kubectl`` uses strict server-side field validation);
+* unknown fields are errors (``kubectl`` uses strict server-side field validation), except
+  for the sidecar, which reads a file an operator one minor version newer may have written:
+  it passes ``unknown_fields`` and gets them listed instead (docs/operator.md, "Version skew");
 * a ``null`` value means "absent" (the API server prunes nulls of non-nullable fields before
   defaulting), so it takes the default, or is an error for a required field;
 * ``true``/``false`` are not integers, and integers are not written as floats: YAML
@@ -39,6 +41,7 @@ regular expression (the sidecar evaluates it with :func:`re.fullmatch`); the ope
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import difflib
 import enum
@@ -65,6 +68,7 @@ __all__ = [
     "CleanerConfig",
     "CleanupPolicy",
     "CompactConfig",
+    "DataVolume",
     "FieldSpec",
     "FrozenMap",
     "Injection",
@@ -437,6 +441,8 @@ class _List(_Kind):
     min_items: int | None = None
     max_items: int | None = None
     unique: bool = False
+    #: Keys of a list of objects (``x-kubernetes-list-type: map``): no two items share them.
+    map_keys: tuple[str, ...] = ()
 
     def parse(self, value: object, path: str) -> tuple[Any, ...]:
         if not isinstance(value, list | tuple):
@@ -446,12 +452,17 @@ class _List(_Kind):
         if self.max_items is not None and len(value) > self.max_items:
             raise PolicyError(path, f"must have at most {self.max_items} items, got {len(value)}")
         items = tuple(self.item.parse(item, f"{path}[{index}]") for index, item in enumerate(value))
-        if self.unique:
+        if self.unique or self.map_keys:
             seen: set[Any] = set()
             for index, item in enumerate(items):
-                if item in seen:
-                    raise PolicyError(f"{path}[{index}]", f"duplicate entry {item!r}")
-                seen.add(item)
+                key = tuple(item.to_dict()[k] for k in self.map_keys) if self.map_keys else item
+                if key in seen:
+                    if self.map_keys:
+                        what = ", ".join(f"{k}={v!r}" for k, v in zip(self.map_keys, key, strict=True))
+                    else:
+                        what = repr(item)
+                    raise PolicyError(f"{path}[{index}]", f"duplicate entry {what}")
+                seen.add(key)
         return items
 
     def dump(self, value: Any) -> Any:
@@ -462,7 +473,8 @@ class _List(_Kind):
             type="array",
             minItems=self.min_items,
             maxItems=self.max_items,
-            **{"x-kubernetes-list-type": "set" if self.unique else None},
+            **{"x-kubernetes-list-type": "map" if self.map_keys else "set" if self.unique else None,
+               "x-kubernetes-list-map-keys": list(self.map_keys) or None},
         )
 
 
@@ -575,13 +587,25 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+_UNKNOWN_FIELDS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("unknown_fields", default=None)
+"""Where the parse in progress lists unknown fields; None: they are errors (the default)."""
+
+
+def _unknown_field(path: str, key: object, allowed: list[str]) -> None:
+    """An unknown field: listed when the caller collects them (the sidecar), else an error."""
+    collected = _UNKNOWN_FIELDS.get()
+    if collected is None:
+        raise PolicyError(_join(path, str(key)), _unknown_field_message(key, allowed))
+    collected.append(_join(path, str(key)))
+
+
 def _parse_object(cls: type[_M], value: object, path: str) -> _M:
     if not isinstance(value, Mapping):
         raise PolicyError(path, f"must be a mapping, got {_describe(value)}")
     by_key = {spec.key: (f, spec) for f, spec in spec_fields(cls)}
     for key in value:
         if key not in by_key:
-            raise PolicyError(_join(path, str(key)), _unknown_field_message(key, list(by_key)))
+            _unknown_field(path, key, list(by_key))
     # Null is absent: the API server prunes nulls of non-nullable fields before defaulting.
     for key, (_f, spec) in by_key.items():
         if spec.required and value.get(key) is None:
@@ -829,6 +853,14 @@ class LabelSelector(_Model):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DataVolume(_Model):
+    """One more data volume of a JBOD broker (``log.dirs`` over several disks)."""
+
+    name: str = _field("name", _VOLUME_NAME)
+    mount_path: str = _field("mountPath", _MOUNT_PATH)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Target(_Model):
     """Which broker pods get the sidecar, and where their Kafka log directories are.
 
@@ -842,7 +874,17 @@ class Target(_Model):
     data_volume: str = _field("dataVolume", _VOLUME_NAME)
     mount_path: str = _field("mountPath", _MOUNT_PATH)
     log_dirs: tuple[str, ...] = _field("logDirs", _LOG_DIRS)
+    #: JBOD: the broker's other data volumes; ``logDirs`` are looked for under each mount too.
+    additional_data_volumes: tuple[DataVolume, ...] = _field(
+        "additionalDataVolumes", _List(_Obj(DataVolume), max_items=15, map_keys=("name",)), (), omit_empty=True
+    )
     injection: Injection | None = _field("injection", _Str(enum=tuple(Injection), enum_type=Injection), None)
+
+    @property
+    def data_volumes(self) -> tuple[tuple[str, str], ...]:
+        """(volume, mount path) of every data volume: ``dataVolume`` first, then the others."""
+        return ((self.data_volume, self.mount_path),
+                *((v.name, v.mount_path) for v in self.additional_data_volumes))
 
     @property
     def effective_injection(self) -> Injection:
@@ -856,6 +898,15 @@ class Target(_Model):
         if (self.stateful_set is None) == (self.pod_selector is None):
             got = "both" if self.stateful_set is not None else "neither"
             raise PolicyError(path, f"exactly one of statefulSet or podSelector must be set, got {got}")
+        # CEL: !has(self.additionalDataVolumes) || self.additionalDataVolumes.all(v, v.name != self.dataVolume
+        #      && v.mountPath != self.mountPath)
+        for index, volume in enumerate(self.additional_data_volumes):
+            if volume.name == self.data_volume or volume.mount_path == self.mount_path:
+                raise PolicyError(
+                    f"{path}.additionalDataVolumes",
+                    f"entry {index} ({volume.name} at {volume.mount_path}) repeats dataVolume or mountPath: "
+                    "each data volume once, each at its own path",
+                )
         # CEL: !has(self.injection) || self.injection != 'statefulSet' || has(self.statefulSet)
         if self.injection is Injection.STATEFUL_SET and self.stateful_set is None:
             raise PolicyError(
@@ -1093,18 +1144,29 @@ class Policy(_Model):
 # --------------------------------------------------------------------------------------------
 
 
-def parse_policy(obj: Mapping[str, Any], *, source: str = "<policy>") -> Policy:
+def parse_policy(
+    obj: Mapping[str, Any], *, source: str = "<policy>", unknown_fields: list[str] | None = None
+) -> Policy:
     """A policy from a parsed YAML/JSON document: a whole manifest or a bare spec.
 
     A mapping with any of ``apiVersion``, ``kind``, ``metadata``, ``spec`` or ``status`` is a
     manifest (``apiVersion`` and ``kind``, when present, must both be there and be
     CompactionPolicy's; ``status`` is ignored; a missing spec means all defaults). Anything
     else is a bare spec. Raises :class:`PolicyError`; its message ends with ``(in SOURCE)``.
+
+    ``unknown_fields``: a list that receives the dotted path of every unknown field, which is
+    then ignored instead of being an error. Only the sidecar passes one: the file it reads may
+    come from a newer operator whose CRD has fields this version does not know, and a sidecar
+    that refused it would never load the new generation (docs/operator.md, "Version skew").
+    Everything else (values, bounds, CEL rules, ``apiVersion``) is checked as strictly.
     """
+    token = _UNKNOWN_FIELDS.set(unknown_fields)
     try:
         return _parse_document(obj)
     except PolicyError as exc:
         raise PolicyError(exc.field, f"{exc.message} (in {source})") from None
+    finally:
+        _UNKNOWN_FIELDS.reset(token)
 
 
 def _parse_document(obj: object) -> Policy:
@@ -1115,7 +1177,7 @@ def _parse_document(obj: object) -> Policy:
 
     for key in obj:
         if key not in _MANIFEST_KEYS:
-            raise PolicyError(str(key), _unknown_field_message(key, list(_MANIFEST_KEYS)))
+            _unknown_field("", key, list(_MANIFEST_KEYS))
     if "apiVersion" in obj or "kind" in obj:
         if obj.get("apiVersion") != API_VERSION:
             raise PolicyError("apiVersion", f"must be {API_VERSION}, got {_describe(obj.get('apiVersion'))}")
@@ -1174,7 +1236,7 @@ def load_policy(path: str | os.PathLike[str]) -> Policy:
     return parse_policy_text(text, source=source)
 
 
-def parse_policy_text(text: str, *, source: str = "<policy>") -> Policy:
+def parse_policy_text(text: str, *, source: str = "<policy>", unknown_fields: list[str] | None = None) -> Policy:
     """A policy from YAML (or JSON) text; see :func:`parse_policy`."""
     try:
         document = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
@@ -1185,7 +1247,7 @@ def parse_policy_text(text: str, *, source: str = "<policy>") -> Policy:
         raise PolicyError("", f"invalid YAML{where}: {problem} (in {source})") from None
     if document is None:
         raise PolicyError("", f"the policy is empty (in {source})")
-    return parse_policy(document, source=source)
+    return parse_policy(document, source=source, unknown_fields=unknown_fields)
 
 
 def walk_model(cls: type = Policy, prefix: str = "spec") -> Iterator[tuple[str, FieldSpec, Any]]:

@@ -27,6 +27,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -45,9 +46,9 @@ from compaction_operator.injection import (
     build_sidecar,
     configmap_name,
     find_sidecar,
-    has_data_volume,
     inject_into_pod,
     label_selector_string,
+    missing_data_volumes,
     patched,
     pod_from_template,
     removal_patch,
@@ -56,8 +57,8 @@ from compaction_operator.injection import (
 from compaction_operator.kube import GROUP, PLURAL, VERSION, ApiException, Kube, load_config
 from compaction_operator.scrape import fetch_reports, pod_address
 from compaction_operator.settings import OperatorConfig
-from compaction_operator.status import BrokerPod, Outcome, OutcomeKind, build_status, status_patch
-from compaction_operator.webhook import choose_policy, webhook_server
+from compaction_operator.status import BrokerPod, Outcome, OutcomeKind, build_status, status_patch, status_to_write
+from compaction_operator.webhook import WEBHOOK_ID, Choice, choose_policy, webhook_server
 
 from cleaner.clock import SystemTime, Time
 from cleaner.config import API_VERSION, KIND, Injection, Policy, parse_policy
@@ -68,9 +69,6 @@ __all__ = ["FINALIZER", "WEBHOOK_ID", "Operator", "build_registry", "build_setti
 log = logging.getLogger("kafka-cleaner-operator")
 
 FINALIZER = "kafkacleaner.io/finalizer"
-#: The mutating webhook's handler id: kopf serves it at ``/<id>`` (the chart's
-#: MutatingWebhookConfiguration calls that path).
-WEBHOOK_ID = "inject-sidecar"
 GENERATION_ANNOTATION = "kafkacleaner.io/policy-generation"
 MANAGED_BY = "kafka-cleaner-operator"
 #: How long the API server's version is trusted before it is asked again (clusters upgrade).
@@ -116,9 +114,16 @@ def policy_file(policy: Policy) -> str:
 class Operator:
     """The operator's state shared by its handlers: settings, API clients, per-policy state."""
 
-    def __init__(self, config: OperatorConfig, *, time: Time | None = None) -> None:
+    def __init__(self, config: OperatorConfig, *, time: Time | None = None,
+                 webhook_ready: threading.Event | None = None) -> None:
         self.config = config
         self.time = time or SystemTime()
+        #: Set once the policy index holds every policy the API server lists: only then does
+        #: the webhook server listen (:func:`compaction_operator.webhook.webhook_server`'s gate),
+        #: and only then is the replica ready (main.py's /readyz).
+        self.webhook_ready = webhook_ready or threading.Event()
+        self.index_watch: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
         self.kube: Kube | None = None
         self.session: aiohttp.ClientSession | None = None
         self.version: KubeVersion | None = None
@@ -172,6 +177,28 @@ class Operator:
         assert self.version is not None
         return self.version
 
+    async def await_policies_indexed(self, index: Mapping[str, Any], poll: float = 0.2) -> None:
+        """Set ``webhook_ready`` once kopf's policy index holds every policy the API server
+        lists (kopf fills its index from a watch of its own and says nothing when the first
+        listing is in; a webhook answering before that would admit broker pods without the
+        sidecar of a policy it has not seen yet). Listed again until then: a policy deleted
+        meanwhile is no longer waited for."""
+        while True:
+            try:
+                listed = [(p["metadata"]["namespace"], p["metadata"]["name"])
+                          for p in await self.call(self._kube().list_policies, self.config.namespaces)]
+            except Exception as exc:  # the API server is not there yet: try again
+                log.warning("Cannot list the CompactionPolicies yet: %s", exc)
+                listed = None
+            if listed is not None:
+                missing = [(ns, name) for ns, name in listed
+                           if not any((m.get("metadata") or {}).get("name") == name for m in index.get(ns, []))]
+                if not missing:
+                    log.info("The webhook's policy index holds all %d policies: serving the webhook.", len(listed))
+                    self.webhook_ready.set()
+                    return
+            await asyncio.sleep(poll if listed is not None else 1.0)
+
     def state(self, body: Mapping[str, Any]) -> PolicyState:
         return self.policies.setdefault(body["metadata"]["uid"], PolicyState())
 
@@ -207,11 +234,11 @@ class Operator:
 
     async def _round(self, body: Mapping[str, Any], state: PolicyState, *, scrape: bool,
                      logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
-        kube = self._kube()
         meta = body["metadata"]
         namespace, name, generation = meta["namespace"], meta["name"], int(meta.get("generation") or 1)
         previous = state.status if state.status is not None else dict(body.get("status") or {})
         pods: list[BrokerPod] | None = None
+        overlap: str | None = None
         scrapes = None
         sidecar: Sidecar | None = None
         policy: Policy | None = None
@@ -236,16 +263,15 @@ class Operator:
             outcome = Outcome.stalled("InvalidSpec", str(exc))
         except Stalled as exc:
             outcome = Outcome.stalled(exc.reason, exc.message)
+        if policy is not None:  # also when stalled: a TargetConflict stalls the second of two
+            overlap = await self._overlap(policy, namespace, pods)
         if outcome.kind is OutcomeKind.STALLED:
             metrics.RECONCILE_ERRORS.labels(namespace, name, outcome.reason).inc()
 
         new = build_status(policy=policy, generation=generation, previous=previous, outcome=outcome, pods=pods,
                            scrapes=scrapes, sidecar_hash=sidecar.hash if sidecar is not None else None,
-                           now=self.now())
-        patch = status_patch(previous, new)
-        if patch is not None:
-            await self.call(kube.patch_policy_status, namespace, name, patch)
-        state.status = new
+                           now=self.now(), overlap=overlap)
+        await self._write_status(state, namespace, name, previous, new)
         self._announce(body, previous, new, logger)
         summary = new["summary"]
         metrics.BROKERS_EXPECTED.labels(namespace, name).set(summary["brokersExpected"])
@@ -253,6 +279,19 @@ class Operator:
         stale = sum(1 for e in new["brokers"].values() if e.get("missedReports", 0) >= 3)
         metrics.STALE_BROKERS.labels(namespace, name).set(stale)
         metrics.DIVERGING_PARTITIONS.labels(namespace, name).set(summary["divergingPartitions"])
+
+    async def _write_status(self, state: PolicyState, namespace: str, name: str, previous: Mapping[str, Any],
+                            new: dict[str, Any]) -> None:
+        """Patch the status only when it changed meaningfully or the heartbeat is due
+        (``status.status_to_write``); ``state.status`` stays what was last written, so that
+        small moves add up to a write and are not lost round by round."""
+        written = status_to_write(previous, new, self.now())
+        if written is None:
+            return
+        patch = status_patch(previous, written)
+        if patch is not None:
+            await self.call(self._kube().patch_policy_status, namespace, name, patch)
+        state.status = written
 
     def _announce(self, body: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any],
                   logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
@@ -351,10 +390,11 @@ class Operator:
         if owner not in (None, policy.name) and find_sidecar(template.get("spec") or {}) is not None:
             raise Stalled("TargetConflict", f"StatefulSet {sts_name} already carries the sidecar of "
                           f"CompactionPolicy {owner}")
-        if not has_data_volume(template.get("spec") or {}, policy.target.data_volume,
-                               (sts.get("spec") or {}).get("volumeClaimTemplates") or []):
+        missing = missing_data_volumes(policy, template.get("spec") or {},
+                                       (sts.get("spec") or {}).get("volumeClaimTemplates") or [])
+        if missing:
             raise Stalled("DataVolumeNotFound", f"StatefulSet {sts_name} has no volume or volume claim template "
-                          f"named {policy.target.data_volume!r} (target.dataVolume)")
+                          f"named {', '.join(map(repr, missing))} (target.dataVolume, additionalDataVolumes)")
         patch = template_patch(template, sidecar, sts["metadata"]["resourceVersion"])
         if patch is None:
             return
@@ -422,6 +462,48 @@ class Operator:
             kopf.event(body, type="Normal", reason="SidecarRemoved", message=message)
             kopf.event(sts, type="Normal", reason="SidecarRemoved", message=f"{message} (CompactionPolicy {name})")
             logger.info(message + ".")
+
+    async def _overlap(self, policy: Policy, namespace: str, pods: Sequence[BrokerPod] | None) -> str | None:
+        """Which other policies of the namespace select some of this policy's pods (or the
+        same StatefulSet), as a message naming them and the pods; None when none does. Every
+        policy involved says so in its own status (``Degraded``, ``OverlappingPolicies``) and
+        an Event, whichever injected: one pod gets one sidecar (the StatefulSet's owner, or
+        the webhook's first by name), and the other policy's settings silently do nothing."""
+        if policy.target is None:
+            return None
+        if pods is None:  # the round stalled before listing them
+            try:
+                pods = await self._target_pods(policy, namespace)
+            except Stalled:
+                pods = []
+        mine = {pod.name for pod in pods}
+        found: list[str] = []
+        shared: set[str] = set()
+        for manifest in await self.call(self._kube().list_policies, [namespace]):
+            if manifest["metadata"]["name"] == policy.name or manifest["metadata"].get("deletionTimestamp"):
+                continue
+            try:
+                other = parse_policy(_manifest(manifest))
+            except PolicyError:
+                continue  # an invalid policy injects nothing
+            if other.target is None:
+                continue
+            same_sts = (other.target.stateful_set is not None
+                        and other.target.stateful_set == policy.target.stateful_set)
+            try:
+                theirs = {pod.name for pod in await self._target_pods(other, namespace)}
+            except Stalled:
+                theirs = set()
+            if same_sts or mine & theirs:
+                found.append(str(other.name))
+                shared |= mine & theirs
+        if not found:
+            return None
+        listed = sorted(shared)
+        more = f" and {len(listed) - 10} more" if len(listed) > 10 else ""
+        what = f"pods {', '.join(listed[:10])}{more}" if shared else f"StatefulSet {policy.target.stateful_set}"
+        return (f"CompactionPolicies {', '.join(sorted(found))} also select {what}: a pod gets the sidecar "
+                "of one policy only; make the targets disjoint")
 
     async def _target_pods(self, policy: Policy, namespace: str) -> list[BrokerPod]:
         kube = self._kube()
@@ -499,11 +581,37 @@ class Operator:
             except Exception as e:  # the pod is admitted all the same
                 log.warning("cannot post the InjectionFailed Event on %s: %s", manifest["metadata"]["name"], e)
 
+    def _report_overlap(self, pod: Mapping[str, Any], manifests: Sequence[Mapping[str, Any]],
+                        choice: Choice) -> None:
+        """A Warning Event on every policy that selects the pod being admitted (not only a
+        warning to whoever created the pod), posted in the background: the admission answer
+        must not wait for it. The policies' own rounds report the overlap in their status."""
+        meta = pod.get("metadata") or {}
+        name = meta.get("name") or (meta.get("generateName") or "") + "*"
+        message = (f"pod {name}: CompactionPolicies {', '.join(choice.overlapping)} all select it; only "
+                   f"{choice.overlapping[0]} injects its sidecar (make the targets disjoint)")
+
+        async def post() -> None:
+            for manifest in manifests:
+                if manifest["metadata"]["name"] in choice.overlapping:
+                    try:
+                        await self.call(self._kube().create_event, manifest, "Warning", "OverlappingPolicies",
+                                        message)
+                    except Exception as e:
+                        log.warning("cannot post the OverlappingPolicies Event on %s: %s",
+                                    manifest["metadata"]["name"], e)
+
+        task = asyncio.get_running_loop().create_task(post())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def mutate_pod(self, body: Mapping[str, Any], patch: kopf.Patch, warnings: list[str],
                          manifests: Sequence[Mapping[str, Any]]) -> None:
         pod = json.loads(json.dumps(dict(body)))
         choice = choose_policy(pod, manifests)
         warnings.extend(choice.warnings)
+        if choice.overlapping:
+            self._report_overlap(pod, manifests, choice)
         policy = choice.policy
         if policy is None:
             return
@@ -530,17 +638,20 @@ def _interval(body: Mapping[str, Any]) -> float:
         return 30.0
 
 
-def build_settings(config: OperatorConfig, settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
-    """kopf's settings for this configuration (on top of ``settings`` if given)."""
+def build_settings(config: OperatorConfig, settings: kopf.OperatorSettings | None = None, *,
+                   operator: Operator | None = None) -> kopf.OperatorSettings:
+    """kopf's settings for this configuration (on top of ``settings`` if given). With
+    ``operator``, the webhook server listens only once its policy index is complete."""
     settings = settings or kopf.OperatorSettings()
     settings.persistence.finalizer = FINALIZER
     # Only warnings and errors of the handlers' logs become Events; the operator posts its
     # own Normal events explicitly (kopf.event), so rounds every few seconds do not flood.
     settings.posting.level = logging.WARNING
     if config.webhook_enabled:
-        settings.admission.server = webhook_server(config)
-        # None: the MutatingWebhookConfiguration is deployed with the operator (the chart's).
-        settings.admission.managed = config.webhook_configuration
+        settings.admission.server = webhook_server(config, gate=operator.webhook_ready if operator else None)
+        # Never kopf's: the chart deploys the configuration, or the server publishes the
+        # operator's own (webhook.webhook_configuration, the chart's field for field).
+        settings.admission.managed = None
     return settings
 
 
@@ -563,11 +674,17 @@ def build_registry(config: OperatorConfig, operator: Operator | None = None, *,
         return kopf.login_via_client(**kwargs)
 
     @kopf.on.startup(registry=registry)
-    async def startup(logger: logging.Logger, **_: Any) -> None:
+    async def startup(logger: logging.Logger, **kwargs: Any) -> None:
         await op.start(logger)
+        if config.webhook_enabled:
+            # kopf's indices are passed to startup handlers too (empty now, filled later).
+            op.index_watch = asyncio.create_task(op.await_policies_indexed(kwargs["policies"]))
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
+        op.webhook_ready.clear()
+        if op.index_watch is not None:
+            op.index_watch.cancel()
         await op.stop()
 
     if webhook_only and not config.webhook_enabled:

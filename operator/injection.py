@@ -20,7 +20,17 @@ broker's own containers):
   ``kafkacleaner.io/image-pull-secrets`` names those it added, the only ones it removes.
 
 The sidecar mounts the broker's existing data volume (``target.dataVolume``) at
-``target.mountPath``, read-only in mode observe. Its command line is the contract with
+``target.mountPath``, and a JBOD broker's other ones (``target.additionalDataVolumes``) at
+theirs, read-only in mode observe; it takes every log dir under each.
+
+The sidecar runs as the broker (compact and stage modes write files the broker must open
+read-write, and the sidecar refuses those modes otherwise): unless ``sidecar.securityContext``
+sets them, its ``runAsUser``/``runAsGroup`` are the broker container's (the container that
+mounts the data volume; its own securityContext, else the pod's), copied from the pod or
+template being injected (:meth:`Sidecar.container_for`). No uid is ever hard-coded: a value
+the pod already carries is one its admission (OpenShift's restricted-v2 SCC included)
+accepted, and without one the sidecar gets none either, so the SCC assigns the same to both.
+The pod's ``fsGroup`` applies to every container, the sidecar's too. Its command line is the contract with
 ``kafka-cleaner sidecar`` (docs/operator.md, "The sidecar's command line").
 """
 
@@ -52,12 +62,14 @@ __all__ = [
     "SIDECAR_HASH_ANNOTATION",
     "KubeVersion",
     "Sidecar",
+    "broker_identity",
     "build_sidecar",
     "configmap_name",
     "find_sidecar",
     "has_data_volume",
     "inject_into_pod",
     "label_selector_string",
+    "missing_data_volumes",
     "patched",
     "pod_from_template",
     "removal_patch",
@@ -219,6 +231,22 @@ class Sidecar:
     hash: str
     #: ``sidecar.imagePullSecrets``: Secret names the pod must list in its ``imagePullSecrets``.
     pull_secrets: tuple[str, ...] = ()
+    #: The broker's data volume: the container mounting it is the broker's.
+    data_volume: str = ""
+    #: ``runAsUser``/``runAsGroup`` the policy leaves to the broker (``container_for``).
+    inherited: tuple[str, ...] = ()
+
+    def container_for(self, pod_spec: Mapping[str, Any]) -> dict[str, Any]:
+        """The container for this pod (template): ``container`` with the broker's
+        ``runAsUser``/``runAsGroup`` where the policy sets none (see the module docstring).
+        Root (0) is never copied: the sidecar's restricted defaults run as non-root."""
+        identity = broker_identity(pod_spec, self.data_volume)
+        extra = {key: identity[key] for key in self.inherited if identity.get(key)}
+        if not extra:
+            return copy.deepcopy(self.container)
+        out = copy.deepcopy(self.container)
+        out["securityContext"] = {**out.get("securityContext", {}), **extra}
+        return out
 
     @property
     def list_name(self) -> str:
@@ -248,6 +276,28 @@ def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, A
     return out
 
 
+#: What the sidecar takes over from the broker container (``Sidecar.container_for``).
+INHERITED_IDENTITY = ("runAsUser", "runAsGroup")
+
+
+def broker_identity(pod_spec: Mapping[str, Any], data_volume: str) -> dict[str, int]:
+    """``runAsUser``/``runAsGroup`` the broker runs with, as far as the pod (template) says:
+    the broker container's securityContext (the first regular container mounting
+    ``data_volume``), else the pod's. Empty when neither sets them (the image's USER, or what
+    an SCC assigns)."""
+    pod_level = pod_spec.get("securityContext") or {}
+    broker = next((c for c in pod_spec.get("containers") or []
+                   if c.get("name") != SIDECAR_CONTAINER
+                   and any(m.get("name") == data_volume for m in c.get("volumeMounts") or [])), None)
+    own = (broker or {}).get("securityContext") or {}
+    out = {}
+    for key in INHERITED_IDENTITY:
+        value = own.get(key, pod_level.get(key))
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[key] = value
+    return out
+
+
 def security_context(policy: Policy) -> dict[str, Any]:
     """The restricted defaults with the policy's ``sidecar.securityContext`` merged over them."""
     extra = policy.sidecar.security_context
@@ -274,15 +324,17 @@ def resources(policy: Policy) -> dict[str, Any]:
 def sidecar_args(policy: Policy) -> list[str]:
     """The ``kafka-cleaner`` arguments: the contract with the sidecar (docs/operator.md).
 
-    Log dirs are ``mountPath/logDir``, normalised (``.`` is the mount itself); wildcards such
-    as ``kafka-log*`` are passed as they are, and the sidecar expands them.
+    Log dirs are ``mountPath/logDir``, normalised (``.`` is the mount itself), under every data
+    volume's mount (JBOD: ``additionalDataVolumes``); wildcards such as ``kafka-log*`` are passed
+    as they are, and the sidecar expands them.
     """
     target = policy.target
     if target is None:
         raise ValueError("a policy without a target has no sidecar")
     args = ["sidecar", "--policy", POLICY_PATH]
-    for log_dir in target.log_dirs:
-        args += ["--log-dir", posixpath.normpath(posixpath.join(target.mount_path, log_dir))]
+    for _volume, mount_path in target.data_volumes:
+        for log_dir in target.log_dirs:
+            args += ["--log-dir", posixpath.normpath(posixpath.join(mount_path, log_dir))]
     args += ["--listen", f"0.0.0.0:{policy.sidecar.port}", "--broker-name", "$(POD_NAME)"]
     return args
 
@@ -316,8 +368,8 @@ def build_sidecar(policy: Policy, *, image: str, native: bool) -> Sidecar:
         "ports": [{"name": PORT_NAME, "containerPort": policy.sidecar.port, "protocol": "TCP"}],
         "volumeMounts": [
             {"name": POLICY_VOLUME, "mountPath": POLICY_DIR, "readOnly": True},
-            {"name": target.data_volume, "mountPath": target.mount_path,
-             "readOnly": policy.mode is Mode.OBSERVE},
+            *({"name": volume, "mountPath": mount_path, "readOnly": policy.mode is Mode.OBSERVE}
+              for volume, mount_path in target.data_volumes),
             # The sidecar calls no Kubernetes API, so it gets no credentials: the API server's
             # ServiceAccount admission mounts the pod's token into every container that has
             # nothing at this path (the broker's token, on a StatefulSet's pods), and skips a
@@ -353,7 +405,9 @@ def build_sidecar(policy: Policy, *, image: str, native: bool) -> Sidecar:
         hashed["imagePullSecrets"] = list(pull_secrets)
     canonical = json.dumps(hashed, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
-    return Sidecar(policy.name, container, volume, native, digest, pull_secrets)
+    own = policy.sidecar.security_context.to_dict() if policy.sidecar.security_context is not None else {}
+    inherited = tuple(key for key in INHERITED_IDENTITY if key not in own)
+    return Sidecar(policy.name, container, volume, native, digest, pull_secrets, target.data_volume, inherited)
 
 
 # --------------------------------------------------------------------------------------------
@@ -382,6 +436,15 @@ def has_data_volume(pod_spec: Mapping[str, Any], volume: str,
     return any((t.get("metadata") or {}).get("name") == volume for t in claim_templates)
 
 
+def missing_data_volumes(policy: Policy, pod_spec: Mapping[str, Any],
+                         claim_templates: Sequence[Mapping[str, Any]] = ()) -> list[str]:
+    """The policy's data volumes (``dataVolume`` and a JBOD broker's ``additionalDataVolumes``)
+    the pod (template) lacks: the sidecar must see every log dir of the broker, not some."""
+    assert policy.target is not None
+    return [volume for volume, _ in policy.target.data_volumes
+            if not has_data_volume(pod_spec, volume, claim_templates)]
+
+
 # --------------------------------------------------------------------------------------------
 # Patches of a StatefulSet's pod template (JSON patches)
 # --------------------------------------------------------------------------------------------
@@ -406,10 +469,13 @@ def template_patch(template: Mapping[str, Any], sidecar: Sidecar,
     current = find_sidecar(spec)
     volume = _named(spec.get("volumes"), POLICY_VOLUME)
     secrets = _secret_names(spec)
+    container = sidecar.container_for(spec)
     if (annotations.get(SIDECAR_HASH_ANNOTATION) == sidecar.hash
             and annotations.get(POLICY_ANNOTATION) == sidecar.policy_name
             and current is not None and current[0] == sidecar.list_name and volume is not None
-            and all(name in secrets for name in sidecar.pull_secrets)):
+            and all(name in secrets for name in sidecar.pull_secrets)
+            # the broker's uid changed since: the sidecar follows it
+            and current[1].get("securityContext") == container.get("securityContext")):
         return None
     ops: list[dict[str, Any]] = []
     if resource_version is not None:
@@ -419,7 +485,7 @@ def template_patch(template: Mapping[str, Any], sidecar: Sidecar,
     if current is not None and current[0] == sidecar.other_list_name:  # moved (native sidecars or not)
         ops += _remove_entry(base, current[0], lists[current[0]], SIDECAR_CONTAINER)
         current = None
-    ops += _put_entry(base, sidecar.list_name, lists[sidecar.list_name], SIDECAR_CONTAINER, sidecar.container)
+    ops += _put_entry(base, sidecar.list_name, lists[sidecar.list_name], SIDECAR_CONTAINER, container)
     ops += _put_entry(base, "volumes", lists["volumes"], POLICY_VOLUME, sidecar.volume)
     ours = _added_secrets(annotations)
     kept = [name for name in secrets if name not in ours or name in sidecar.pull_secrets]
@@ -586,7 +652,7 @@ def inject_into_pod(pod: Mapping[str, Any], sidecar: Sidecar) -> dict[str, Any]:
     spec = out.setdefault("spec", {})
     if find_sidecar(spec) is not None:
         return out
-    spec.setdefault(sidecar.list_name, []).append(copy.deepcopy(sidecar.container))
+    spec.setdefault(sidecar.list_name, []).append(sidecar.container_for(spec))
     volumes = [v for v in spec.get("volumes") or [] if v.get("name") != POLICY_VOLUME]
     spec["volumes"] = [*volumes, copy.deepcopy(sidecar.volume)]
     secrets = _secret_names(spec)

@@ -18,6 +18,7 @@ from typing import Any
 
 import kubernetes
 from kubernetes.client import (
+    AdmissionregistrationV1Api,
     ApiClient,
     AppsV1Api,
     CoordinationV1Api,
@@ -59,6 +60,7 @@ class Kube:
         self.custom = CustomObjectsApi(client)
         self.coordination = CoordinationV1Api(client)
         self.versions = VersionApi(client)
+        self.admission = AdmissionregistrationV1Api(client)
 
     def close(self) -> None:
         self.client.close()
@@ -139,6 +141,20 @@ class Kube:
             raise
         return True
 
+    # -- the webhook configuration (KAFKA_CLEANER_WEBHOOK_CONFIGURATION) -----------------------
+
+    def put_mutating_webhook_configuration(self, body: Mapping[str, Any]) -> None:
+        """Create it, or patch its ``webhooks`` (the chart's RBAC: create, and patch by name)."""
+        try:
+            self.admission.create_mutating_webhook_configuration(dict(body), _preload_content=False,
+                                                                 _request_timeout=TIMEOUT)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self.admission.patch_mutating_webhook_configuration(
+                body["metadata"]["name"], {"webhooks": body["webhooks"]}, _preload_content=False,
+                _request_timeout=TIMEOUT, _content_type="application/merge-patch+json")
+
     # -- pods ------------------------------------------------------------------------------
 
     def dry_run_pod(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -154,6 +170,17 @@ class Kube:
         return list(listing.get("items") or [])
 
     # -- the policy ------------------------------------------------------------------------
+
+    def list_policies(self, namespaces: Sequence[str]) -> list[dict[str, Any]]:
+        """Every CompactionPolicy in ``namespaces`` (empty: all namespaces)."""
+        if namespaces:
+            listings = [_json(self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, _preload_content=False, _request_timeout=TIMEOUT))
+                for namespace in namespaces]
+        else:
+            listings = [_json(self.custom.list_cluster_custom_object(
+                GROUP, VERSION, PLURAL, _preload_content=False, _request_timeout=TIMEOUT))]
+        return [item for listing in listings for item in listing.get("items") or []]
 
     def patch_policy_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """A merge patch of the status subresource."""

@@ -8,8 +8,8 @@ peering pauses every replica of equal priority, so it is no HA mechanism).
 With leader election (``KAFKA_CLEANER_LEADER_ELECTION=true``), replicas compete for a Lease.
 Until it wins, a replica is a *follower*: it reconciles nothing, but if the webhook is
 enabled it serves it (kopf with just the policy index and the mutating handler), so every
-replica behind the webhook Service answers. A follower is ready (/readyz), so rolling updates
-of the Deployment proceed. On winning, it stops the follower run and starts the full
+replica behind the webhook Service answers. A follower is ready (/readyz) once its webhook
+answers, so rolling updates of the Deployment proceed. On winning, it stops the follower run and starts the full
 operator. A leader that cannot renew its Lease stops and exits with status 1, to be restarted
 as a follower.
 """
@@ -28,7 +28,7 @@ import threading
 import kopf
 import kubernetes
 from compaction_operator import metrics
-from compaction_operator.handlers import build_registry, build_settings
+from compaction_operator.handlers import Operator, build_registry, build_settings
 from compaction_operator.kube import Kube, load_config
 from compaction_operator.leader import LeaseElector
 from compaction_operator.settings import OperatorConfig, SettingsError, describe_env
@@ -69,12 +69,14 @@ class _Run:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the run is over anyway
             self.loop.call_soon_threadsafe(self.stop_flag.set)
 
-    def run(self, config: OperatorConfig, *, ready: threading.Event, webhook_only: bool = False) -> None:
+    def run(self, config: OperatorConfig, *, ready: threading.Event, webhook_ready: threading.Event,
+            webhook_only: bool = False) -> None:
+        operator = Operator(config, webhook_ready=webhook_ready)
         try:
             kopf.run(
                 loop=self.loop,
-                registry=build_registry(config, webhook_only=webhook_only),
-                settings=build_settings(config),
+                registry=build_registry(config, operator, webhook_only=webhook_only),
+                settings=build_settings(config, operator=operator),
                 standalone=True,
                 clusterwide=config.clusterwide,
                 namespaces=config.namespaces,
@@ -82,9 +84,18 @@ class _Run:
                 ready_flag=ready,
             )
         finally:
+            webhook_ready.clear()  # this run's webhook server is gone (a hand-over, or the end)
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             self.loop.run_until_complete(self.loop.shutdown_default_executor())
             self.loop.close()
+
+
+def is_ready(config: OperatorConfig, ready: threading.Event, webhook_ready: threading.Event) -> bool:
+    """/readyz: kopf runs and, with the webhook enabled, the webhook can answer (its policy
+    index is complete and its server listens). False before the first policy listing and
+    during a leader hand-over (the follower's run is over, the leader's not yet serving), so
+    the webhook Service sends calls only to replicas that answer them correctly."""
+    return ready.is_set() and (not config.webhook_enabled or webhook_ready.is_set())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,23 +110,24 @@ def main(argv: list[str] | None = None) -> int:
     if config.log_level == "ERROR":
         logging.getLogger().setLevel(logging.ERROR)
 
-    ready = threading.Event()
+    ready, webhook_ready = threading.Event(), threading.Event()
     server = None
     if config.http_port:
-        server = metrics.start_http_server(config.http_addr, config.http_port, ready.is_set)
+        server = metrics.start_http_server(config.http_addr, config.http_port,
+                                           lambda: is_ready(config, ready, webhook_ready))
     try:
         if not config.leader_election:
             metrics.LEADER.set(1)
-            _Run().run(config, ready=ready)
+            _Run().run(config, ready=ready, webhook_ready=webhook_ready)
             return 0
-        return _run_with_leader_election(config, ready)
+        return _run_with_leader_election(config, ready, webhook_ready)
     finally:
         if server is not None:
             server.shutdown()
             server.server_close()
 
 
-def _run_with_leader_election(config: OperatorConfig, ready: threading.Event) -> int:
+def _run_with_leader_election(config: OperatorConfig, ready: threading.Event, webhook_ready: threading.Event) -> int:
     load_config()
     elector = LeaseElector(Kube(kubernetes.client.ApiClient()), namespace=config.lease_namespace,
                            name=config.lease_name, identity=config.identity, lease_duration=config.lease_duration,
@@ -155,7 +167,7 @@ def _run_with_leader_election(config: OperatorConfig, ready: threading.Event) ->
             pass
         elif config.webhook_enabled:
             # Serve the webhook until elected (kopf returns then, or on SIGTERM).
-            follower.run(config, ready=ready, webhook_only=True)
+            follower.run(config, ready=ready, webhook_ready=webhook_ready, webhook_only=True)
         else:
             ready.set()  # a candidate that waits is doing all it should
             signal.signal(signal.SIGTERM, lambda *_: giving_up.set())
@@ -165,7 +177,7 @@ def _run_with_leader_election(config: OperatorConfig, ready: threading.Event) ->
         if not leading.is_set() or lost.is_set() or giving_up.is_set():
             return 1 if lost.is_set() else 0  # stopped by a signal while following
         log.info("Leading as %s: starting the operator.", config.identity)
-        leader.run(config, ready=ready)
+        leader.run(config, ready=ready, webhook_ready=webhook_ready)
     finally:
         giving_up.set()
         if leading.is_set() and not lost.is_set():

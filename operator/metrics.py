@@ -5,8 +5,8 @@ Metric names start with ``kafka_cleaner_operator_`` (the sidecars' own are
 operator can be started more than once in one process (tests) without duplicate registrations.
 Labels are bounded: namespace and policy, plus pod only on scrape failures (a policy's brokers).
 
-The server answers ``/metrics``, ``/healthz`` (the process is alive) and ``/readyz`` (kopf runs;
-with leader election followers are ready too, and serve the webhook: main.py).
+The server answers ``/metrics``, ``/healthz`` (the process is alive) and ``/readyz`` (kopf runs
+and, with the webhook enabled, the webhook can answer: main.is_ready).
 """
 
 from __future__ import annotations

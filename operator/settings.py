@@ -46,9 +46,10 @@ ENV_VARS: tuple[tuple[str, str, str], ...] = (
     ("KAFKA_CLEANER_WEBHOOK_SERVICE_PORT", "443", "its port"),
     ("KAFKA_CLEANER_WEBHOOK_HOST", "", "host name in the webhook URL when no Service is set"),
     ("KAFKA_CLEANER_WEBHOOK_CONFIGURATION", "", "name of a MutatingWebhookConfiguration for the operator to "
-     "create and keep up to date (kopf's managed webhooks; kopf also keeps an empty "
-     "ValidatingWebhookConfiguration of that name); empty: the configuration is deployed with the operator "
-     "(the Helm chart renders it)"),
+     "create and keep up to date (the same as the chart's: failurePolicy Ignore, the timeout, the object and "
+     "namespace selectors); empty: the configuration is deployed with the operator (the Helm chart renders it)"),
+    ("KAFKA_CLEANER_WEBHOOK_TIMEOUT_SECONDS", "5", "timeoutSeconds of the configuration the operator manages "
+     "(1-30; the chart passes webhook.timeoutSeconds)"),
     ("KAFKA_CLEANER_WEBHOOK_OBJECT_SELECTOR", "", "labels a pod must have to be sent to the webhook "
      "(key=value or key, comma-separated); empty: every pod created in the cluster"),
     ("POD_NAME", "<host name>", "this replica's identity in the Lease (downward API)"),
@@ -72,7 +73,7 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float = 0,
-            integer: bool = False) -> float:
+            maximum: float | None = None, integer: bool = False) -> float:
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -82,6 +83,8 @@ def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float
         raise SettingsError(f"{name} must be a{'n integer' if integer else ' number'}, got {raw!r}") from None
     if value < minimum:
         raise SettingsError(f"{name} must be >= {minimum}, got {raw!r}")
+    if maximum is not None and value > maximum:
+        raise SettingsError(f"{name} must be <= {maximum}, got {raw!r}")
     return value
 
 
@@ -131,6 +134,7 @@ class OperatorConfig:
     webhook_host: str | None = None
     webhook_configuration: str | None = None
     webhook_object_selector: tuple[tuple[str, str | None], ...] = ()
+    webhook_timeout: int = 5
 
     @property
     def clusterwide(self) -> bool:
@@ -187,6 +191,8 @@ class OperatorConfig:
             webhook_host=text(ENV_PREFIX + "WEBHOOK_HOST") or None,
             webhook_configuration=text(ENV_PREFIX + "WEBHOOK_CONFIGURATION") or None,
             webhook_object_selector=tuple(_object_selector(text(ENV_PREFIX + "WEBHOOK_OBJECT_SELECTOR")).items()),
+            webhook_timeout=int(_number(env, ENV_PREFIX + "WEBHOOK_TIMEOUT_SECONDS", 5, minimum=1, maximum=30,
+                                        integer=True)),
         )
         if config.webhook_enabled and not config.webhook_insecure and not (
                 config.webhook_cert_file and config.webhook_key_file):

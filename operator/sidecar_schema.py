@@ -256,6 +256,16 @@ SCHEMA: dict[str, Any] = {
             "description": "Compact mode: the maintenance windows and whether now is inside one.",
             "properties": {"windows": {"type": "array", "items": {"type": "string"}}, "inWindow": {"type": "boolean"}},
         },
+        "warnings": {
+            "type": "array",
+            "maxItems": 20,
+            "items": {"type": "string", "maxLength": 1024},
+            "description": (
+                "What works, but not as the policy asks (optional): a writing mode refused for the "
+                "sidecar's uid (it observes meanwhile), policy fields this sidecar does not know and ignores "
+                "(a newer operator's)."
+            ),
+        },
         "errors": {
             "type": "array",
             "maxItems": 20,

@@ -24,6 +24,13 @@ since the API server prunes unknown fields):
 A broker is stale after :data:`STALE_AFTER` rounds without a report, which makes the policy
 Degraded with the pod named. Everything is bounded so the status stays well under 256 KiB
 with 100 brokers (tests check it).
+
+The status is *written* only when it changed meaningfully (:func:`status_to_write`), not on
+every round: 50 brokers with 200 top partitions make an 82 KiB status, and a round in which
+only ``reportedAt`` moved would otherwise patch some 23 KiB every 30 s. A meaningful change
+writes just the parts that changed; a heartbeat (:data:`HEARTBEAT_SECONDS`) writes everything,
+so ``reportedAt`` is never older than that and a reader can tell a status that is quiet from
+one nobody updates.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import dataclasses
 import datetime
 import enum
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -43,6 +51,7 @@ from cleaner.config import Policy
 
 __all__ = [
     "CONDITION_TYPES",
+    "HEARTBEAT_SECONDS",
     "MAX_BROKERS",
     "STALE_AFTER",
     "BrokerPod",
@@ -51,8 +60,10 @@ __all__ = [
     "Scrape",
     "build_status",
     "format_time",
+    "meaningful_change",
     "parse_report",
     "status_patch",
+    "status_to_write",
     "upsert_condition",
 ]
 
@@ -272,13 +283,15 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
                  outcome: Outcome, pods: Sequence[BrokerPod] | None,
                  scrapes: Mapping[str, Scrape] | None, sidecar_hash: str | None,
                  now: datetime.datetime, interval_seconds: int = 30,
-                 top_partitions: int = 20) -> dict[str, Any]:
+                 top_partitions: int = 20, overlap: str | None = None) -> dict[str, Any]:
     """The whole new status (without ``status.kopf``, which is kopf's).
 
     ``pods`` are the target pods (None: not looked up this round, keep the brokers as they
     were); ``scrapes`` the reports pulled this round by pod name (None: no pull this round, so
     no report counts as missed); ``sidecar_hash`` the hash of the sidecar the pods should run
-    (None: no target). ``policy`` is None when the spec is invalid.
+    (None: no target). ``policy`` is None when the spec is invalid. ``overlap``: other
+    policies select some of the same pods (the message naming them and the pods), which makes
+    the policy Degraded (``OverlappingPolicies``) unless something worse does.
     """
     previous = previous or {}
     old_brokers: Mapping[str, Mapping[str, Any]] = previous.get("brokers") or {}
@@ -390,6 +403,8 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
     elif broken:
         degraded = ("SidecarErrors", f"sidecar cleaner failing on {_names(broken)}"
                     + _first_error(brokers, broken, dead_threads=True))
+    elif overlap is not None:
+        degraded = ("OverlappingPolicies", overlap)
     else:
         degraded = None
     put("Degraded", degraded is not None, *(degraded or (RECONCILED, "")))
@@ -483,6 +498,117 @@ def _first_error(brokers: Mapping[str, Mapping[str, Any]], pods: Sequence[str], 
         if entry.get("message"):
             return f"; {pod}: {entry['message']}"
     return ""
+
+
+#: The longest a status goes unwritten while nothing meaningful changes: ``summary.reportedAt``
+#: is then at most this old (plus a round), so staleness stays visible.
+HEARTBEAT_SECONDS = 300
+#: Byte counts (and durations) that moved by less than this fraction are not news...
+RELATIVE_TOLERANCE = 0.10
+#: ...nor ratios that moved by less than this.
+RATIO_TOLERANCE = 0.05
+#: Moved at every report: never a reason to write on their own.
+_VOLATILE = frozenset({"reportedAt", "scannedAt", "lastRunAt"})
+_RELATIVE = frozenset({"cleanableBytes", "stagedBytes", "bytesReclaimedTotal", "maxCompactionDelaySeconds"})
+_RATIOS = frozenset({"maxDirtyRatio", "cleanableRatio"})
+_READY_DETAIL = re.compile(r"; max dirty ratio [0-9.]+")
+
+
+def _close(key: str, old: Any, new: Any) -> bool:
+    if key in _RATIOS and isinstance(old, int | float) and isinstance(new, int | float):
+        return abs(new - old) < RATIO_TOLERANCE
+    if key in _RELATIVE and isinstance(old, int | float) and isinstance(new, int | float):
+        if old == new:
+            return True
+        if old == 0 or new == 0:
+            return False
+        return abs(new - old) <= RELATIVE_TOLERANCE * max(abs(old), abs(new))
+    if key == "missedReports" and isinstance(old, int) and isinstance(new, int):
+        return min(old, STALE_AFTER) == min(new, STALE_AFTER)  # stale is stale
+    return bool(old == new)
+
+
+def _same_entry(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    keys = (set(old) | set(new)) - _VOLATILE
+    return all(_close(key, old.get(key), new.get(key)) for key in keys)
+
+
+def _top_key(entry: Mapping[str, Any]) -> tuple[str, str, int]:
+    return (entry.get("broker", ""), entry.get("topic", ""), entry.get("partition", -1))
+
+
+def _condition_view(conditions: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    return [(c.get("type"), c.get("status"), c.get("reason"), c.get("observedGeneration"),
+             _READY_DETAIL.sub("", c.get("message") or "")) for c in conditions]
+
+
+def meaningful_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+    """What changed that a reader of the status should see, or None. Meaningful: the
+    generation, ``paused``, a condition's status, reason or message (the dirty ratio quoted in
+    Ready's aside), a broker coming or going, a broker's mode, state, partition counts, policy
+    generation, message, dead threads, turning stale; a byte count or duration moving by more
+    than :data:`RELATIVE_TOLERANCE` (or to or from zero), a ratio by more than
+    :data:`RATIO_TOLERANCE`; the set of top partitions, or one of them moving (offsets
+    exactly: the first dirty offset moves when it is cleaned, and that is news). Timestamps of
+    reports and scans are not."""
+    for key in ("observedGeneration", "paused"):
+        if old.get(key) != new.get(key):
+            return key
+    if _condition_view(old.get("conditions") or []) != _condition_view(new.get("conditions") or []):
+        return "conditions"
+    if not _same_entry(old.get("summary") or {}, new.get("summary") or {}):
+        return "summary"
+    old_brokers, new_brokers = old.get("brokers") or {}, new.get("brokers") or {}
+    if set(old_brokers) != set(new_brokers):
+        return "brokers"
+    for pod, entry in new_brokers.items():
+        if not _same_entry(old_brokers[pod], entry):
+            return f"brokers.{pod}"
+    old_top = {_top_key(e): e for e in old.get("topPartitions") or []}
+    new_top = {_top_key(e): e for e in new.get("topPartitions") or []}
+    if set(old_top) != set(new_top):
+        return "topPartitions"
+    for key, entry in new_top.items():
+        if not _same_entry(old_top[key], entry):
+            return "topPartitions"
+    return None
+
+
+def status_to_write(old: Mapping[str, Any] | None, new: dict[str, Any], now: datetime.datetime,
+                    heartbeat_seconds: float = HEARTBEAT_SECONDS) -> dict[str, Any] | None:
+    """What to write over the written status ``old``, or None (nothing meaningful changed).
+
+    - the heartbeat is due (``old``'s ``summary.reportedAt`` is ``heartbeat_seconds`` old and
+      ``new`` has a fresher one): ``new`` whole;
+    - a meaningful change (:func:`meaningful_change`): ``new`` with every part that did not
+      change meaningfully (a broker's entry, the summary, the top partitions, the conditions)
+      kept as written, so that the patch carries the change and not every broker's new
+      timestamps;
+    - otherwise None.
+    """
+    if not old:
+        return new
+    written = (old.get("summary") or {}).get("reportedAt")
+    latest = (new.get("summary") or {}).get("reportedAt")
+    if (written is not None and latest is not None and latest != written
+            and (now - _parse_time(written)).total_seconds() >= heartbeat_seconds):
+        return new
+    if meaningful_change(old, new) is None:
+        return None
+    out = dict(new)
+    if _condition_view(old.get("conditions") or []) == _condition_view(new.get("conditions") or []):
+        out["conditions"] = old["conditions"]
+    if "summary" in old and _same_entry(old["summary"], new.get("summary") or {}):
+        out["summary"] = old["summary"]
+    old_brokers = old.get("brokers") or {}
+    out["brokers"] = {pod: (old_brokers[pod] if pod in old_brokers and _same_entry(old_brokers[pod], entry)
+                            else entry)
+                      for pod, entry in (new.get("brokers") or {}).items()}
+    old_top = {_top_key(e): e for e in old.get("topPartitions") or []}
+    new_top = new.get("topPartitions") or []
+    if set(old_top) == {_top_key(e) for e in new_top} and all(_same_entry(old_top[_top_key(e)], e) for e in new_top):
+        out["topPartitions"] = old["topPartitions"]
+    return out
 
 
 def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -211,7 +211,9 @@ def _has(getter: Any) -> bool:
 
 
 def cel_to_python(rule: str) -> str:
-    """Translate the CEL subset the CRD uses (has, size, &&, ||, !, ==, <=, *, methods) to Python."""
+    """Translate the CEL subset the CRD uses (has, size, &&, ||, !, ==, <=, *, methods, and a
+    list's ``.all(v, ...)`` macro as the rule's last term) to Python."""
+    rule = re.sub(r"([\w.]+)\.all\((\w+),\s*(.*)\)$", r"all((\3) for \2 in \1)", " ".join(rule.split()))
     expr = re.sub(r"has\(([\w.]+)\)", r"_has(lambda: \1)", rule)
     expr = expr.replace("&&", " and ").replace("||", " or ")
     expr = re.sub(r"!(?!=)", " not ", expr)
@@ -387,7 +389,7 @@ def test_a_status_the_operator_would_write_is_valid() -> None:
 CONSTRAINTS = (
     "type", "format", "minimum", "maximum", "exclusiveMinimum", "enum", "pattern", "minLength",
     "maxLength", "minItems", "maxItems", "maxProperties", "nullable", "x-kubernetes-int-or-string",
-    "x-kubernetes-list-type",
+    "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
 )
 
 
@@ -497,6 +499,15 @@ CEL_RULES = [
         {"target": SELECTED},
         {"target": {**SELECTED, "statefulSet": "kafka"}},
         "spec.target",
+    ),
+    (
+        "spec.target",
+        "!has(self.additionalDataVolumes) || self.additionalDataVolumes.all(v, v.name != self.dataVolume && "
+        "v.mountPath != self.mountPath)",
+        {"target": {**TARGET, "additionalDataVolumes": [{"name": "data-1", "mountPath": "/var/lib/kafka-1"}]}},
+        {"target": {**TARGET, "additionalDataVolumes": [{"name": "data-1", "mountPath": "/var/lib/kafka-1"},
+                                                        {"name": "data-2", "mountPath": "/var/lib/kafka"}]}},
+        "spec.target.additionalDataVolumes",
     ),
     (
         "spec.target",

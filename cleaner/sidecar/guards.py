@@ -17,22 +17,27 @@ Nothing is written for a refused partition:
 
 Free disk is guarded where staging happens (``stage.free_disk_allows``,
 ``stage.evict_for_disk``).
+
+Before any of that, ``mode_refusal`` decides whether a writing mode may run at all as this
+process's uid (checked when the log dirs are first seen, and again when they or the mode
+change): the files compact and stage modes write must be the broker's to open read-write.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from cleaner.clock import SYSTEM_TIME
-from cleaner.config import Policy
+from cleaner.config import Mode, Policy
 from cleaner.engine.manager import LogCleanerManager, ManagedLog
 from cleaner.storage.log_dir import LogDirectory
 from cleaner.storage.topic_partition import TopicPartition
 
 from . import stage
-from .stage import uid_refusal
+from .stage import Owner, uid_refusal
 
 
 def stage_refusal(
@@ -60,6 +65,46 @@ def stage_refusal(
             "the cluster's topic config says cleanup.policy=compact: the broker's own cleaner compacts it "
             "(log.cleaner.enable defaults to true)"
         )
+    return None
+
+
+def mode_refusal(mode: Mode, log_dirs: Sequence[Path]) -> str | None:
+    """Why ``mode`` must not run as this process's uid over ``log_dirs``, or None.
+
+    The broker's files belong to its uid (Strimzi and Bitnami: 1001, Confluent: 1000); the
+    owner of each log dir's first partition (its first segment) stands for the dir, the dir
+    itself when it holds no partition yet. Kafka opens every segment and index read-write:
+
+    - compact mode writes the cleaned segments (and the cleaner checkpoint) as this process,
+      so it must *be* the owner; root is no exception (files owned by root are not the
+      broker's to open);
+    - stage mode hands what it stages to the owner (root) or to the owner's group (a member of
+      it, e.g. through the pod's fsGroup): ``stage.uid_refusal`` decides, per partition too.
+
+    Observe mode writes nothing and is never refused.
+    """
+    if mode is Mode.OBSERVE:
+        return None
+    euid = os.geteuid()
+    for d in log_dirs:
+        try:
+            partitions = LogDirectory(d, read_only=True).partition_dirs()
+            sample = next(iter(partitions.values()), None)
+            if mode is Mode.COMPACT:
+                owner = Owner.of(sample if sample is not None else d)
+                if euid != owner.uid:
+                    return (
+                        f"compact mode refused: the sidecar runs as uid {euid}, but the broker's files in {d} "
+                        f"belong to uid {owner.uid}, and the broker could not open the segments the sidecar "
+                        f"would write. Run the sidecar as uid {owner.uid} (spec.sidecar.securityContext.runAsUser, "
+                        "or the broker container's runAsUser, which the operator copies)"
+                    )
+            elif sample is not None:
+                why = uid_refusal(sample)
+                if why is not None:
+                    return f"stage mode refused in {d}: {why}"
+        except OSError as e:
+            return f"{mode} mode refused: cannot tell who owns the broker's files in {d}: {e}"
     return None
 
 

@@ -6,16 +6,25 @@ signal. The content is: it is read and hashed on every poll (a few KiB).
 
 A policy file without ``metadata.generation`` (a local file, a bare spec) gets one from a
 counter of the distinct contents loaded, so ``policyGeneration`` always says which
-version a report reflects."""
+version a report reflects.
+
+Fields this version does not know are ignored, not errors: the file may come from an
+operator one minor version newer (its CRD has fields this sidecar predates), and a sidecar
+that refused it would keep the old generation for ever (the policy stuck in
+``AwaitingPolicy``). They are listed in ``unknown_fields`` and logged once per distinct set
+(docs/operator.md, "Version skew")."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 from pathlib import Path
 
 from cleaner.config import Policy, parse_policy_text
 from cleaner.errors import PolicyError
+
+log = logging.getLogger("cleaner.sidecar")
 
 
 class PolicyWatcher:
@@ -27,6 +36,8 @@ class PolicyWatcher:
         self._loaded = 0
         self.missing = False
         """The file is gone (the policy was deleted): the sidecar stops acting on it."""
+        self.unknown_fields: tuple[str, ...] = ()
+        """Fields of the loaded policy this version does not know (and ignores)."""
 
     def poll(self) -> Policy | None:
         """The new policy if the file changed and parses; None otherwise (a bad or missing
@@ -44,12 +55,19 @@ class PolicyWatcher:
         if digest == self._digest:
             return None
         self._digest = digest
+        unknown: list[str] = []
         try:
-            policy = parse_policy_text(data.decode("utf-8", errors="replace"), source=str(self.path))
+            policy = parse_policy_text(
+                data.decode("utf-8", errors="replace"), source=str(self.path), unknown_fields=unknown
+            )
         except PolicyError as e:
             self.error = str(e)
             return None
         self.error = None
+        if tuple(unknown) != self.unknown_fields and unknown:
+            log.warning("%s: ignoring fields this sidecar does not know (a newer operator?): %s",
+                        self.path, ", ".join(unknown))
+        self.unknown_fields = tuple(unknown)
         self._loaded += 1
         if policy.policy_generation is None:
             policy = dataclasses.replace(policy, policy_generation=self._loaded)

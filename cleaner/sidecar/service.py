@@ -66,7 +66,7 @@ from cleaner.windows import in_window
 
 from . import stage
 from .facts import ScanFactsCache
-from .guards import refusals
+from .guards import mode_refusal, refusals
 from .logdirs import duplicate_partitions, expand_log_dirs
 from .metrics import CleanerGauges, SidecarMetrics
 from .policy_watch import PolicyWatcher
@@ -146,6 +146,10 @@ class Sidecar:
         self.state = _State()
         self.gate = _Gate()
         self.duplicates: dict[TopicPartition, list[Path]] = {}
+        self.refusal: str | None = None
+        """Why the policy's writing mode may not run as this uid (``guards.mode_refusal``):
+        its work is held (observing goes on) and ``/status`` says why."""
+        self._refusal_for: tuple[str, tuple[Path, ...]] | None = None
         self._gate_deadline_ns = 0
         self._policy_gone = False
         self.ready = False
@@ -192,9 +196,12 @@ class Sidecar:
                 "neither copy is touched",
                 dedupe=True,
             )
+        self._check_mode_allowed(dirs)
         if self._controller is not None:
             try:
-                if not self.gate.open:
+                if self.refusal is not None:
+                    self._refused_step(now)
+                elif not self.gate.open:
                     self._gate_step(now)
                 elif self._policy_gone:
                     self.state.state = "idle"
@@ -212,6 +219,28 @@ class Sidecar:
         if now >= self._next_scan_ms:
             self._next_scan_ms = now + self._scan_interval_ms()
             self.scan()
+
+    def _check_mode_allowed(self, dirs: list[Path]) -> None:
+        """``guards.mode_refusal`` when the mode or the log dirs changed (the broker may
+        create its log dirs after the sidecar starts)."""
+        assert self.policy is not None
+        key = (str(self.policy.mode), tuple(dirs))
+        if key == self._refusal_for:
+            return
+        self._refusal_for = key
+        self.refusal = mode_refusal(Mode(self.policy.mode), dirs) if dirs else None
+        if self.refusal is not None:
+            self._error(None, None, self.refusal, dedupe=True)
+
+    def _refused_step(self, now: int) -> None:
+        """A refused mode does nothing but hand everything back (``pause``: no lock held, no
+        pass running); the gate opens at once, since the broker must never wait for it."""
+        assert self._controller is not None
+        if self._controller.held_locks():  # a compact pass, when the refusal came later (a new dir)
+            self._controller.pause(now)
+        self.state.state = "error"
+        if not self.gate.open:
+            self._open_gate(now, {"skipped": self.refusal})
 
     def _gate_step(self, now: int) -> None:
         assert self._controller is not None and self.policy is not None
@@ -453,11 +482,27 @@ class Sidecar:
             last_cleaned_at=self.state.last_cleaned_at,
         )
         doc["gate"] = self.gate.as_status()
+        warnings = self.warnings()
+        if warnings:
+            doc["warnings"] = warnings
         if controller is not None:
             extra = controller.status_section()
             if extra:
                 doc.update(extra)
         return doc
+
+    def warnings(self) -> list[str]:
+        """What works, but not as the policy asked: a refused mode, fields ignored."""
+        out = []
+        if self.refusal is not None and self.policy is not None and self.policy.mode != Mode.OBSERVE:
+            out.append(self.refusal[:1024])
+        if self.watcher.unknown_fields:
+            fields = ", ".join(self.watcher.unknown_fields)
+            out.append(
+                f"policy generation {self.policy.policy_generation if self.policy else None}: ignored fields this "
+                f"sidecar ({__version__}) does not know: {fields}"[:1024]
+            )
+        return out
 
     def _gauges(self) -> CleanerGauges:
         g = CleanerGauges(policy_generation=self.policy.policy_generation if self.policy else None)

@@ -5,6 +5,7 @@ the Deployment gives the operator."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import pathlib
 import re
@@ -274,9 +275,9 @@ def test_rbac_grants_exactly_what_the_operator_needs(variant: str, helm_template
                      for v in ("get", "update")}
     if values.get("webhook", {}).get("manageConfiguration"):
         name = "kco-kafka-cleaner-operator.kafkacleaner.io"
-        for resource in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
-            expected |= {("cluster", "admissionregistration.k8s.io", resource, "create", "*any*")}
-            expected |= {("cluster", "admissionregistration.k8s.io", resource, v, name) for v in ("get", "patch")}
+        resource = "mutatingwebhookconfigurations"  # the operator's own: no validating twin (kopf's had one)
+        expected |= {("cluster", "admissionregistration.k8s.io", resource, "create", "*any*")}
+        expected |= {("cluster", "admissionregistration.k8s.io", resource, v, name) for v in ("get", "patch")}
     assert grants == expected
 
 
@@ -444,3 +445,29 @@ def test_monitors_and_network_policy(helm_template: Render) -> None:
     [alone] = by_kind(helm_template(values), "NetworkPolicy")
     assert len(alone["spec"]["ingress"]) == 1
 
+
+@pytest.mark.parametrize("values", [
+    {"webhook": {"enabled": True, "objectSelector": {"strimzi.io/kind": "Kafka"}, "timeoutSeconds": 3},
+     "watchNamespaces": ["kafka", "kafka-b"]},
+    {"webhook": {"enabled": True}},
+])
+def test_the_operators_own_webhook_configuration_is_the_charts(values: dict[str, Any], helm_template: Render) -> None:
+    """With webhook.manageConfiguration the operator keeps the configuration: the very one the
+    chart renders otherwise (failurePolicy, the <= 5 s timeout, the object and namespace
+    selectors), not kopf's (30 s, no namespace selector)."""
+    from compaction_operator.webhook import webhook_configuration
+
+    [chart_config] = by_kind(helm_template(values), "MutatingWebhookConfiguration")
+    [chart_hook] = chart_config["webhooks"]
+    managed = {**values, "webhook": {**values["webhook"], "manageConfiguration": True}}
+    objects = helm_template(managed)
+    assert by_kind(objects, "MutatingWebhookConfiguration") == []
+    config = OperatorConfig.from_env(deployment_env(objects))
+    config = dataclasses.replace(config, namespace="default")  # POD_NAMESPACE, from the downward API
+    # What kopf's server announces: the Service without the handler's path, and the CA.
+    announced = {"service": {**chart_hook["clientConfig"]["service"], "path": ""},
+                 "caBundle": chart_hook["clientConfig"]["caBundle"]}
+    ours = webhook_configuration(config, announced)
+    assert ours["metadata"]["name"] == config.webhook_configuration
+    assert ours["webhooks"] == [chart_hook]
+    assert chart_hook["timeoutSeconds"] <= 5

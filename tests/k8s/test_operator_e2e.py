@@ -199,3 +199,108 @@ def test_the_webhook_answers_on_the_path_the_charts_configuration_names(
         wait_for(lambda: cluster.policy("strimzi") is None, what="deleted")
         assert cluster.configmap("strimzi-kafka-cleaner") is None
     assert ("CompactionPolicy", "WebhookPodsUnchanged") in [e[:2] for e in cluster.events()]
+
+
+def test_overlapping_policies_are_reported_on_both(cluster: ApiCluster) -> None:
+    """Two policies selecting the same pods: today's StatefulSet path stalls the second
+    (TargetConflict), and now both say so in their own status (Degraded,
+    OverlappingPolicies, naming the other) with a Warning Event each, not only the workload."""
+    cluster.apps.create_namespaced_stateful_set(NS, _sts("shared"))
+    with running_operator(expected_warnings=("OverlappingPolicies", "TargetConflict")):
+        _create_policy(cluster, policy("aa-first", target=sts_target("shared")))
+        wait_for(lambda: SIDECAR_HASH_ANNOTATION in cluster.sts("shared")["spec"]["template"]["metadata"]
+                 .get("annotations", {}), what="the first policy's injection")
+        _create_policy(cluster, policy("bb-second", target=sts_target("shared")))
+        for name, other in (("aa-first", "bb-second"), ("bb-second", "aa-first")):
+            degraded = wait_for(lambda n=name: (c := cluster.condition(n, "Degraded")).get("reason")
+                                == "OverlappingPolicies" and c, timeout=90, what=f"{name} Degraded")
+            assert other in degraded["message"] and "StatefulSet shared" in degraded["message"]
+        assert cluster.condition("bb-second", "Stalled")["reason"] == "TargetConflict"
+        events = wait_for(lambda: [e for e in cluster.events() if e[1] == "OverlappingPolicies"] if len(
+            {e[2] for e in cluster.events() if e[1] == "OverlappingPolicies"}) == 2 else None,
+            what="an OverlappingPolicies Event on each policy")
+        assert {e[0] for e in events} == {"CompactionPolicy"}
+
+        # Disjoint again: the survivor recovers.
+        cluster.custom.delete_namespaced_custom_object(G, V, NS, P, "bb-second")
+        wait_for(lambda: cluster.condition("aa-first", "Degraded").get("status") == "False", timeout=90,
+                 what="recovered")
+        cluster.custom.delete_namespaced_custom_object(G, V, NS, P, "aa-first")
+        wait_for(lambda: all(cluster.policy(n) is None for n in ("aa-first", "bb-second")), what="deleted")
+
+
+def test_a_jbod_statefulset_gets_every_data_volume_into_the_sidecar(cluster: ApiCluster) -> None:
+    """Two data volumes (claim templates data-0 and data-1, as Strimzi's JBOD): the sidecar
+    the API server stores mounts both and is given the log dirs of both; a policy naming a
+    third volume the StatefulSet lacks stalls with DataVolumeNotFound, naming it."""
+    sts = _sts("jbod")
+    kafka = sts["spec"]["template"]["spec"]["containers"][0]
+    kafka["volumeMounts"] = [{"name": "data-0", "mountPath": "/var/lib/kafka/data-0"},
+                             {"name": "data-1", "mountPath": "/var/lib/kafka/data-1"}]
+    claim = sts["spec"]["volumeClaimTemplates"][0]
+    sts["spec"]["volumeClaimTemplates"] = [{**claim, "metadata": {"name": f"data-{i}"}} for i in (0, 1)]
+    cluster.apps.create_namespaced_stateful_set(NS, sts)
+    target = {"statefulSet": "jbod", "dataVolume": "data-0", "mountPath": "/var/lib/kafka/data-0",
+              "logDirs": ["kafka-log*"],
+              "additionalDataVolumes": [{"name": "data-1", "mountPath": "/var/lib/kafka/data-1"}]}
+    with running_operator(expected_warnings=("DataVolumeNotFound",)):
+        _create_policy(cluster, policy("jbod", target=target))
+        stored = wait_for(lambda: (s := cluster.sts("jbod")) and SIDECAR_HASH_ANNOTATION in
+                          s["spec"]["template"]["metadata"].get("annotations", {}) and s, what="injection")
+        ours = next(c for c in stored["spec"]["template"]["spec"]["initContainers"] if c["name"] == SIDECAR_CONTAINER)
+        mounts = {m["name"]: m["mountPath"] for m in ours["volumeMounts"]}
+        assert mounts["data-0"] == "/var/lib/kafka/data-0" and mounts["data-1"] == "/var/lib/kafka/data-1"
+        dirs = [ours["args"][i + 1] for i, a in enumerate(ours["args"]) if a == "--log-dir"]
+        assert dirs == ["/var/lib/kafka/data-0/kafka-log*", "/var/lib/kafka/data-1/kafka-log*"]
+
+        three = {**target, "additionalDataVolumes": [*target["additionalDataVolumes"],
+                                                     {"name": "data-2", "mountPath": "/var/lib/kafka/data-2"}]}
+        cluster.patch_spec("jbod", {"target": three})
+        stalled = wait_for(lambda: (c := cluster.condition("jbod", "Stalled")).get("status") == "True" and c,
+                           what="Stalled")
+        assert stalled["reason"] == "DataVolumeNotFound" and "'data-2'" in stalled["message"]
+        cluster.custom.delete_namespaced_custom_object(G, V, NS, P, "jbod")
+        wait_for(lambda: cluster.policy("jbod") is None, what="deleted")
+
+
+def test_two_webhook_policies_selecting_one_pod_are_both_told(cluster: ApiCluster) -> None:
+    """Webhook injection: two podSelector policies select the same Strimzi broker. The pod
+    gets the first one's sidecar (by name), its creator a warning, each policy an
+    OverlappingPolicies Event; and once such a pod exists, both policies' status says so."""
+    port = free_port()
+    selector = {"matchLabels": {"strimzi.io/kind": "Kafka"}}
+    target = {"podSelector": selector, "dataVolume": "data-0", "mountPath": "/var/lib/kafka/data-0",
+              "logDirs": ["kafka-log*"], "injection": "webhook"}
+    url = f"http://127.0.0.1:{port}/inject-sidecar"
+    with running_operator(webhook_enabled=True, webhook_insecure=True, webhook_addr="127.0.0.1", webhook_port=port,
+                          expected_warnings=("OverlappingPolicies",)):
+        for name in ("wa", "wb"):
+            _create_policy(cluster, policy(name, target=target, reporting={"intervalSeconds": 1}))
+        for name in ("wa", "wb"):
+            wait_for(lambda n=name: cluster.configmap(f"{n}-kafka-cleaner"), what=f"{name}'s ConfigMap")
+        broker = strimzi_pod("ov-broker-0", {"strimzi.io/kind": "Kafka"})
+        answer = wait_for(lambda: (a := post_review(url, admission_review(broker, "ov-1")))["response"].get("patch")
+                          and a, what="an injecting answer")  # fmt: skip
+        response = answer["response"]
+        assert any("wa, wb all select this pod; only wa injects" in w for w in response.get("warnings", [])), response
+        ops = json.loads(base64.b64decode(response["patch"]))
+        assert jsonpatch.apply_patch(broker, ops)["metadata"]["annotations"][POLICY_ANNOTATION] == "wa"
+        def overlap_events() -> dict[str, str]:
+            listed = json.loads(cluster.core.list_namespaced_event(NS, _preload_content=False).data)
+            return {e["involvedObject"]["name"]: e["message"] for e in listed["items"]
+                    if e["reason"] == "OverlappingPolicies" and "ov-broker-0" in e["message"]
+                    and e["involvedObject"].get("kind") == "CompactionPolicy"}
+
+        events = wait_for(lambda: (found := overlap_events()) and set(found) == {"wa", "wb"} and found,
+                          what="an OverlappingPolicies Event on each policy")  # fmt: skip
+        assert all("only wa injects" in message for message in events.values())
+
+        cluster.core.create_namespaced_pod(NS, broker, _preload_content=False)
+        for name, other in (("wa", "wb"), ("wb", "wa")):
+            degraded = wait_for(lambda n=name: (c := cluster.condition(n, "Degraded")).get("reason")
+                                == "OverlappingPolicies" and c, timeout=90, what=f"{name} Degraded")
+            assert other in degraded["message"] and "ov-broker-0" in degraded["message"]
+        cluster.core.delete_namespaced_pod("ov-broker-0", NS, grace_period_seconds=0)
+        for name in ("wa", "wb"):
+            cluster.custom.delete_namespaced_custom_object(G, V, NS, P, name)
+        wait_for(lambda: all(cluster.policy(n) is None for n in ("wa", "wb")), what="deleted")

@@ -175,15 +175,18 @@ def test_two_replicas_elect_a_leader_and_hand_over(
         "spec": {"target": webhook_target, "reporting": {"intervalSeconds": 1}}})
     with replicas(elections, tmp_path, "op-a") as [a]:
         wait_for(lambda: lease_holder(plane) == "op-a", what="op-a leads")
+        # Ready means the webhook answers, and knows the policies the API server lists: the
+        # very first review gets the sidecar (kopf fills its index on its own time; before,
+        # /readyz was 200 before the index held the policy, and the port already answered).
+        wait_for(a.ready, what="op-a ready")
+        assert review(a.webhook_port).get("patch")
         with replicas(elections, tmp_path, "op-b") as [b]:
             # Both are ready (rollouts proceed); only the leader reconciles; both answer the webhook.
-            wait_for(lambda: a.ready() and b.ready(), what="both ready")
+            wait_for(b.ready, what="op-b ready")
+            assert review(b.webhook_port).get("patch")
             wait_for(lambda: a.metric("kafka_cleaner_operator_leader") == 1.0, what="op-a's leader gauge")
             assert b.metric("kafka_cleaner_operator_leader") == 0.0
             wait_for(lambda: ready_condition(plane, "by-webhook").get("reason") == "NoPods", what="reconciled")
-            for replica in (a, b):
-                answer = wait_for(lambda r=replica: review(r.webhook_port).get("patch"), what=f"{replica.name} hook")
-                assert answer
 
             custom.create_namespaced_custom_object(G, V, NS, P, {
                 "apiVersion": f"{G}/{V}", "kind": "CompactionPolicy", "metadata": {"name": "first"}, "spec": {}})
@@ -193,6 +196,9 @@ def test_two_replicas_elect_a_leader_and_hand_over(
             # The leader stops: it gives the Lease up, and the follower takes over at once.
             assert a.stop() == 0
             wait_for(lambda: lease_holder(plane) == "op-b", what="op-b leads")
+            wait_for(lambda: "Leading as op-b" in b.log.read_text(), what="op-b's leader run")
+            wait_for(b.ready, what="op-b ready as the leader")
+            assert review(b.webhook_port).get("patch")  # the hand-over: ready again only once it answers
             custom.create_namespaced_custom_object(G, V, NS, P, {
                 "apiVersion": f"{G}/{V}", "kind": "CompactionPolicy", "metadata": {"name": "second"}, "spec": {}})
             wait_for(lambda: ready_condition(plane, "second").get("reason") == "NoTarget", what="second Ready")

@@ -264,7 +264,9 @@ def test_the_sidecar_gets_no_service_account_token_and_the_broker_keeps_its_own(
 
 def test_pod_security_admits_the_injected_broker_pod_in_a_restricted_namespace(plane: ControlPlane) -> None:
     """The sidecar's restricted security context passes the real PodSecurity admission at
-    ``enforce: restricted``; the same pod with a capability added to the sidecar is refused."""
+    ``enforce: restricted``, running as the broker container's uid (Confluent's 1000, where
+    the pod says 1001), copied, not hard-coded; the same pod with a capability added to the
+    sidecar is refused."""
     plane.kubectl("create", "namespace", "restricted-kafka")
     plane.kubectl("label", "namespace", "restricted-kafka", "pod-security.kubernetes.io/enforce=restricted")
     restricted = {
@@ -283,7 +285,7 @@ def test_pod_security_admits_the_injected_broker_pod_in_a_restricted_namespace(p
                 {
                     "name": "kafka",
                     "image": "apache/kafka:4.1.0",
-                    "securityContext": restricted,
+                    "securityContext": {**restricted, "runAsUser": 1000, "runAsGroup": 1000},
                     "volumeMounts": [{"name": "data", "mountPath": "/var/lib/kafka"}],
                 }
             ],
@@ -295,6 +297,9 @@ def test_pod_security_admits_the_injected_broker_pod_in_a_restricted_namespace(p
         pod = inject_into_pod(broker, sidecar)
         admitted = _create_object(plane, pod)
         assert admitted.returncode == 0, admitted.stderr
+        created = yaml.safe_load(admitted.stdout) if admitted.stdout.strip().startswith("apiVersion") else pod
+        ours = next(c for c in created["spec"][sidecar.list_name] if c["name"] == "kafka-cleaner")
+        assert (ours["securityContext"]["runAsUser"], ours["securityContext"]["runAsGroup"]) == (1000, 1000)
         widened = inject_into_pod(broker, sidecar)
         sidecar_container = next(c for c in widened["spec"][sidecar.list_name] if c["name"] == "kafka-cleaner")
         sidecar_container["securityContext"]["capabilities"] = {"add": ["NET_ADMIN"], "drop": ["ALL"]}

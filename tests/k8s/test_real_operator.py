@@ -329,6 +329,12 @@ def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_create
         wait_for(lambda: plane.kubectl("get", "mutatingwebhookconfiguration", WEBHOOK, check=False).returncode == 0
                  and _get(plane, "configmap", "selected-kafka-cleaner"), timeout=TIMEOUT,
                  what="the webhook configuration and the policy's ConfigMap")  # fmt: skip
+        # The operator's configuration is the chart's: fails open, answers within 5 s, opt-in
+        # pods only, and never the operator's own namespace or kube-system.
+        [hook] = (_get(plane, "mutatingwebhookconfiguration", WEBHOOK) or {})["webhooks"]
+        assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 5, hook
+        assert hook["namespaceSelector"]["matchExpressions"][0]["operator"] == "NotIn", hook
+        assert "kube-system" in hook["namespaceSelector"]["matchExpressions"][0]["values"]
         broker = _broker()
         broker["metadata"]["name"] = "wbroker"
         broker["spec"]["selector"]["matchLabels"] = {"app": "wbroker"}
@@ -369,9 +375,9 @@ def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_create
         plane.kubectl("delete", "-n", NS, "pod", "wbroker-unlabelled", "--wait=false")
         plane.kubectl("delete", "-n", NS, "statefulset", "wbroker", "--wait=true")
         plane.kubectl("delete", "-n", NS, "compactionpolicy", "selected", "--wait=true", f"--timeout={int(TIMEOUT)}s")
-    # kopf leaves its configurations behind (and an empty validating one of the same name).
-    kinds = "mutatingwebhookconfiguration,validatingwebhookconfiguration"
-    plane.kubectl("delete", kinds, WEBHOOK, "--ignore-not-found")
+    # The operator leaves its configuration behind (and no validating twin, as kopf's did).
+    assert plane.kubectl("get", "validatingwebhookconfiguration", WEBHOOK, check=False).returncode != 0
+    plane.kubectl("delete", "mutatingwebhookconfiguration", WEBHOOK, "--ignore-not-found")
 
 
 @pytest.mark.parametrize("as_the_chart", ["plain"], indirect=True)

@@ -371,3 +371,81 @@ def test_policy_file_round_trip(tmp_path: pathlib.Path) -> None:
     text = policy_file(policy)
     loaded = parse_policy_text(text)
     assert loaded == policy and loaded.policy_generation == 3 and loaded.name == "offsets"
+
+
+# -------------------------------------------------------------------------------------------
+# The sidecar runs as the broker
+# -------------------------------------------------------------------------------------------
+
+
+def _sidecar_of(spec: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in spec["initContainers"] if c["name"] == SIDECAR_CONTAINER)
+
+
+def test_the_sidecar_takes_the_brokers_uid_from_its_container_else_the_pod() -> None:
+    """Strimzi and Bitnami run the broker as 1001, Confluent as 1000: compact and stage modes
+    must write as that uid. The broker container's own securityContext wins over the pod's;
+    nothing is hard-coded (no uid, none: what an SCC assigns applies to both containers)."""
+    sidecar = build_sidecar(make_policy(mode="compact"), image=IMAGE, native=True)
+    template = broker_template(securityContext={"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000})
+    template["spec"]["containers"][0]["securityContext"] = {"runAsUser": 1001}
+    context = _sidecar_of(apply(template, template_patch(template, sidecar, "7"))["spec"])["securityContext"]
+    assert context["runAsUser"] == 1001 and context["runAsGroup"] == 1000 and context["runAsNonRoot"] is True
+    assert "fsGroup" not in context  # pod-wide: the sidecar has it already
+
+    # No uid anywhere: none is invented (restricted-v2 assigns one to the whole pod).
+    plain = broker_template()
+    context = _sidecar_of(apply(plain, template_patch(plain, sidecar, "7"))["spec"])["securityContext"]
+    assert "runAsUser" not in context and "runAsGroup" not in context
+    # Root is never copied (the restricted defaults say runAsNonRoot).
+    root = broker_template(securityContext={"runAsUser": 0})
+    assert "runAsUser" not in _sidecar_of(apply(root, template_patch(root, sidecar, "7"))["spec"])["securityContext"]
+
+    # The webhook's pods get the same.
+    pod = {"metadata": {"name": "kafka-0", "namespace": "kafka"},
+           **broker_template(securityContext={"runAsUser": 1001})}
+    assert _sidecar_of(inject_into_pod(pod, sidecar)["spec"])["securityContext"]["runAsUser"] == 1001
+
+
+def test_the_policys_uid_wins_and_a_changed_broker_uid_is_followed() -> None:
+    pinned = build_sidecar(make_policy(mode="compact", sidecar={"securityContext": {"runAsUser": 1234}}),
+                           image=IMAGE, native=True)
+    template = broker_template(securityContext={"runAsUser": 1001, "runAsGroup": 1001})
+    context = _sidecar_of(apply(template, template_patch(template, pinned, "7"))["spec"])["securityContext"]
+    assert context["runAsUser"] == 1234 and context["runAsGroup"] == 1001
+
+    sidecar = build_sidecar(make_policy(mode="compact"), image=IMAGE, native=True)
+    injected = apply(template, template_patch(template, sidecar, "7"))
+    assert template_patch(injected, sidecar, "7") is None  # nothing changed: no patch, no roll
+    injected["spec"]["securityContext"]["runAsUser"] = 1000  # the broker moved to another uid
+    moved = apply(injected, template_patch(injected, sidecar, "7"))
+    assert _sidecar_of(moved["spec"])["securityContext"]["runAsUser"] == 1000
+    assert template_patch(moved, sidecar, "7") is None
+
+
+# -------------------------------------------------------------------------------------------
+# JBOD: every data volume of the broker
+# -------------------------------------------------------------------------------------------
+
+
+def test_a_jbod_broker_gets_every_data_volume_mounted_and_every_log_dir_passed() -> None:
+    """Strimzi JBOD: volumes data-0 and data-1 at /var/lib/kafka/data-0 and -1, a log dir
+    kafka-log<id> in each. The sidecar mounts both and is given the log dirs of both."""
+    target = {"statefulSet": "kafka", "dataVolume": "data-0", "mountPath": "/var/lib/kafka/data-0",
+              "logDirs": ["kafka-log*"],
+              "additionalDataVolumes": [{"name": "data-1", "mountPath": "/var/lib/kafka/data-1"}]}
+    policy = make_policy(mode="compact", target=target)
+    sidecar = build_sidecar(policy, image=IMAGE, native=True)
+    args = sidecar.container["args"]
+    dirs = [args[i + 1] for i, a in enumerate(args) if a == "--log-dir"]
+    assert dirs == ["/var/lib/kafka/data-0/kafka-log*", "/var/lib/kafka/data-1/kafka-log*"]
+    mounts = {m["name"]: m for m in sidecar.container["volumeMounts"]}
+    assert mounts["data-0"]["mountPath"] == "/var/lib/kafka/data-0" and mounts["data-0"]["readOnly"] is False
+    assert mounts["data-1"]["mountPath"] == "/var/lib/kafka/data-1" and mounts["data-1"]["readOnly"] is False
+
+    one_disk = broker_template(volumes=[{"name": "data-0", "emptyDir": {}}])
+    assert injection.missing_data_volumes(policy, one_disk["spec"]) == ["data-1"]
+    both = broker_template(volumes=[{"name": "data-0", "emptyDir": {}}, {"name": "data-1", "emptyDir": {}}])
+    assert injection.missing_data_volumes(policy, both["spec"]) == []
+    claims = [{"metadata": {"name": "data-0"}}, {"metadata": {"name": "data-1"}}]
+    assert injection.missing_data_volumes(policy, broker_template()["spec"], claims) == []

@@ -96,9 +96,58 @@ def test_kopf_settings() -> None:
     assert settings.admission.managed is None  # the chart deploys the configuration
     managed = build_settings(OperatorConfig(webhook_enabled=True, webhook_insecure=True,
                                             webhook_configuration="kco.kafkacleaner.io"))
-    assert managed.admission.managed == "kco.kafkacleaner.io"
+    # Never kopf's managed configuration: the server publishes the operator's own (the chart's).
+    assert managed.admission.managed is None and managed.admission.server.publish is not None
     plain = webhook_server(OperatorConfig(webhook_enabled=True, webhook_insecure=True, webhook_port=1234))
-    assert type(plain) is kopf.WebhookServer and plain.insecure and plain.port == 1234
+    assert isinstance(plain, kopf.WebhookServer) and plain.insecure and plain.port == 1234
+
+
+def test_the_webhook_server_listens_only_once_its_gate_opens() -> None:
+    """Before the operator's policy index is complete nothing listens on the webhook port, so
+    the API server's failurePolicy applies (and /readyz says not ready: main.is_ready)."""
+    import asyncio
+    import socket
+    import threading
+
+    from compaction_operator.main import is_ready
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    gate = threading.Event()
+    server = webhook_server(OperatorConfig(webhook_enabled=True, webhook_insecure=True, webhook_addr="127.0.0.1",
+                                           webhook_port=port), gate=gate)
+
+    def listening() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    async def main() -> list[bool]:
+        async def fn(*_: Any, **__: Any) -> dict[str, Any]:
+            return {}
+
+        seen = []
+        configs = server(fn)
+        first = asyncio.ensure_future(configs.__anext__())
+        for _ in range(10):
+            await asyncio.sleep(0.05)
+            seen.append(first.done() or listening())
+        gate.set()
+        config = await asyncio.wait_for(first, 10)
+        seen.append(listening() and config["url"].startswith("http://"))
+        await configs.aclose()
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen[:-1] == [False] * 10 and seen[-1], seen
+
+    config = OperatorConfig(webhook_enabled=True, webhook_insecure=True)
+    kopf_ready, hook_ready = threading.Event(), threading.Event()
+    kopf_ready.set()
+    assert not is_ready(config, kopf_ready, hook_ready)
+    hook_ready.set()
+    assert is_ready(config, kopf_ready, hook_ready)
+    assert is_ready(OperatorConfig(), kopf_ready, threading.Event())  # no webhook: kopf alone
 
 
 # -------------------------------------------------------------------------------------------
@@ -144,6 +193,8 @@ def test_ambiguity_missing_volume_and_invalid_policies() -> None:
     choice = choose_policy(pod({"strimzi.io/kind": "Kafka"}), two)
     assert choice.policy is not None and choice.policy.name == "x"
     assert "only x injects" in choice.warnings[0]
+    assert choice.overlapping == ("x", "y")  # both policies get an OverlappingPolicies Event
+    assert choose_policy(pod({"strimzi.io/kind": "Kafka"}), two[:1]).overlapping == ()
     choice = choose_policy(pod({"strimzi.io/kind": "Kafka"}, volumes=("data",)), two[:1])
     assert choice.policy is None and "no volume 'data-0'" in choice.warnings[0]
     bad = manifest("bad", target=STRIMZI, topics=[{"match": "(?<name>x)"}])  # not a Python regex

@@ -365,3 +365,123 @@ def test_at_most_1000_brokers() -> None:
     names = tuple(f"b-{i:04d}" for i in range(1100))
     status = round_(None, {}, names=names)
     assert len(status["brokers"]) == 1000
+
+
+# -------------------------------------------------------------------------------------------
+# Churn: the status is written when it changes meaningfully, and on a heartbeat
+# -------------------------------------------------------------------------------------------
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+def test_50_brokers_whose_reports_only_move_in_time_write_nothing(validate_status: Validate) -> None:
+    """50 brokers x 200 top partitions: the status is some 70 KiB. Two more rounds in which
+    only the reports' and scans' times moved (and the byte counts by a little) write nothing
+    (each used to patch some 70 KiB); a real change (one broker's dead thread) patches that
+    broker and the conditions, about 1 KiB; the heartbeat writes everything after
+    HEARTBEAT_SECONDS."""
+    from compaction_operator.status import HEARTBEAT_SECONDS, meaningful_change, status_to_write
+
+    names = tuple(f"kafka-{i}" for i in range(50))
+    policy = make_policy(reporting={"topPartitions": 200})
+
+    def reports(moment: float, jitter: int = 0, **changes: Any) -> dict[str, Scrape]:
+        stamp = at(moment).strftime("%Y-%m-%dT%H:%M:%SZ")
+        out = {}
+        for n in names:
+            report = make_report(n, partitions=200, scannedAt=stamp)
+            for p in report["partitions"]:
+                p["cleanableBytes"] += jitter  # a busy topic's few new records
+            report["logDirs"][0]["freeBytes"] -= jitter
+            for key, value in (changes.get(n) or {}).items():
+                report["cleaner"][key] = value
+            scrape = parse_report(json.dumps(report), n)
+            assert scrape.error is None, scrape.error
+            out[n] = scrape
+        return out
+
+    written = round_(None, reports(0), names=names, policy=policy)
+    validate_status(written)
+    full = _size(written)
+    assert 60 * 1024 < full < 120 * 1024 and len(written["topPartitions"]) == 200, full
+    naive_patches = []
+    for moment in (30, 60):
+        new = round_(written, reports(moment, jitter=moment), names=names, policy=policy, now=at(moment))
+        naive_patches.append(_size(status_patch(written, new)))  # what every round used to write
+        assert meaningful_change(written, new) is None
+        assert status_to_write(written, new, at(moment)) is None
+    assert min(naive_patches) > 10 * 1024, naive_patches
+
+    # A real change: kafka-7's cleaner thread died.
+    dead = {"kafka-7": {"deadThreads": 1, "state": "error"}}
+    new = round_(written, reports(90, jitter=90, **dead), names=names, policy=policy, now=at(90))
+    assert meaningful_change(written, new) in ("conditions", "brokers.kafka-7")
+    to_write = status_to_write(written, new, at(90))
+    assert to_write is not None
+    validate_status(to_write)
+    patch = status_patch(written, to_write)
+    assert patch is not None and set(patch["status"]) == {"brokers", "conditions"}, sorted(patch["status"])
+    assert set(patch["status"]["brokers"]) == {"kafka-7"}
+    assert _size(patch) < 2048, _size(patch)
+    print(f"\nstatus {full} B; patches of the old rounds {naive_patches} B; a real change's patch {_size(patch)} B")
+    assert condition(to_write, "Degraded")["reason"] == "SidecarErrors"
+    assert to_write["brokers"]["kafka-7"]["deadThreads"] == 1 and to_write["brokers"]["kafka-7"]["state"] == "error"
+    written = to_write
+
+    # Nothing meaningful for a while: the heartbeat writes everything once HEARTBEAT_SECONDS passed.
+    quiet = round_(written, reports(120, **dead), names=names, policy=policy, now=at(120))
+    assert status_to_write(written, quiet, at(120)) is None
+    late = HEARTBEAT_SECONDS
+    beat = round_(written, reports(late, **dead), names=names, policy=policy, now=at(late))
+    assert meaningful_change(written, beat) is None and status_to_write(written, beat, at(late)) is beat
+    assert beat["summary"]["reportedAt"] == at(late).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@pytest.mark.parametrize(("change", "meaningful"), [
+    ({"cleaner__maxDirtyRatio": 0.64}, False),
+    ({"cleaner__maxDirtyRatio": 0.70}, True),
+    ({"cleaner__stagedBytes": 54}, False),
+    ({"cleaner__stagedBytes": 80}, True),
+    ({"cleaner__stagedBytes": 0}, True),
+    ({"cleaner__state": "cleaning"}, True),
+    ({"policyGeneration": 2}, True),
+    ({"logDirs": [{"path": "/d", "partitions": 121, "lockHeldByBroker": True, "freeBytes": 1,
+                   "uncleanablePartitions": 1}]}, True),
+    ({"scannedAt": "2026-11-21T11:00:00Z", "cleaner__lastRunAt": "2026-11-21T11:00:00Z"}, False),
+])
+def test_what_is_a_meaningful_change(change: dict[str, Any], meaningful: bool) -> None:
+    from compaction_operator.status import meaningful_change
+
+    before = round_(None, {n: ok(n) for n in ("kafka-0", "kafka-1", "kafka-2")})
+    after = round_(before, {"kafka-0": ok("kafka-0", **change), "kafka-1": ok("kafka-1"), "kafka-2": ok("kafka-2")},
+                   now=at(30))
+    assert (meaningful_change(before, after) is not None) is meaningful, meaningful_change(before, after)
+
+
+def test_a_broker_that_stays_silent_is_written_until_it_is_stale() -> None:
+    from compaction_operator.status import status_to_write
+
+    names = ("kafka-0", "kafka-1", "kafka-2")
+    written = round_(None, {n: ok(n) for n in names})
+    writes = 0
+    for r in range(1, 8):  # 210 s: no heartbeat yet
+        new = round_(written, {"kafka-0": ok("kafka-0"), "kafka-1": ok("kafka-1"), "kafka-2": Scrape(error="down")},
+                     now=at(30 * r))
+        to_write = status_to_write(written, new, at(30 * r))
+        if to_write is not None:
+            writes += 1
+            written = to_write
+    assert writes == STALE_AFTER and written["brokers"]["kafka-2"]["missedReports"] == STALE_AFTER
+    assert condition(written, "Degraded")["reason"] == "BrokersNotReporting"
+
+
+def test_overlapping_policies_degrade_the_policy() -> None:
+    message = "CompactionPolicies other also select pods kafka-0: a pod gets the sidecar of one policy only"
+    status = build_status(policy=make_policy(), generation=3, previous=None, outcome=Outcome(),
+                          pods=pods("kafka-0"), scrapes={"kafka-0": ok("kafka-0")}, sidecar_hash=HASH, now=T0,
+                          overlap=message)
+    degraded = condition(status, "Degraded")
+    assert (degraded["status"], degraded["reason"], degraded["message"]) == ("True", "OverlappingPolicies", message)
+    assert condition(status, "Ready")["reason"] == "OverlappingPolicies"
