@@ -549,8 +549,9 @@ def meaningful_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | N
     generation, message, dead threads, turning stale; a byte count or duration moving by more
     than :data:`RELATIVE_TOLERANCE` (or to or from zero), a ratio by more than
     :data:`RATIO_TOLERANCE`; the set of top partitions, or one of them moving (offsets
-    exactly: the first dirty offset moves when it is cleaned, and that is news). Timestamps of
-    reports and scans are not."""
+    exactly: the first dirty offset moves when it is cleaned, and that is news); a partition
+    starting or ceasing to diverge (or on other brokers, or otherwise). Timestamps of reports
+    and scans are not, nor a divergence's detail alone."""
     for key in ("observedGeneration", "paused"):
         if old.get(key) != new.get(key):
             return key
@@ -571,7 +572,15 @@ def meaningful_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | N
     for key, entry in new_top.items():
         if not _same_entry(old_top[key], entry):
             return "topPartitions"
+    if _divergence_view(old) != _divergence_view(new):
+        return "divergingPartitions"
     return None
+
+
+def _divergence_view(status: Mapping[str, Any]) -> set[tuple[Any, ...]]:
+    """Which partitions diverge, how and on which brokers: not the detail, whose offsets move."""
+    return {(d.get("topic"), d.get("partition"), d.get("kind"), tuple(d.get("brokers") or ()))
+            for d in status.get("divergingPartitions") or []}
 
 
 def status_to_write(old: Mapping[str, Any] | None, new: dict[str, Any], now: datetime.datetime,
@@ -608,6 +617,8 @@ def status_to_write(old: Mapping[str, Any] | None, new: dict[str, Any], now: dat
     new_top = new.get("topPartitions") or []
     if set(old_top) == {_top_key(e) for e in new_top} and all(_same_entry(old_top[_top_key(e)], e) for e in new_top):
         out["topPartitions"] = old["topPartitions"]
+    if "divergingPartitions" in old and _divergence_view(old) == _divergence_view(new):
+        out["divergingPartitions"] = old["divergingPartitions"]
     return out
 
 

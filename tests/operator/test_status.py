@@ -485,3 +485,20 @@ def test_overlapping_policies_degrade_the_policy() -> None:
     degraded = condition(status, "Degraded")
     assert (degraded["status"], degraded["reason"], degraded["message"]) == ("True", "OverlappingPolicies", message)
     assert condition(status, "Ready")["reason"] == "OverlappingPolicies"
+
+
+def test_a_divergence_starting_or_moving_is_news_and_its_detail_alone_is_not() -> None:
+    from compaction_operator.status import meaningful_change, status_to_write
+
+    before = round_(None, {n: ok(n) for n in ("kafka-0", "kafka-1")})
+    entry = {"topic": "orders", "partition": 3, "kind": "divergentBatch", "brokers": ["kafka-1"],
+             "detail": "batch [1200, 1299] crc 1 on kafka-0, 2 on kafka-1"}
+    diverged = {**before, "divergingPartitions": [entry]}
+    assert meaningful_change(before, diverged) == "divergingPartitions"
+    moved = {**diverged, "divergingPartitions": [{**entry, "detail": "batch [1300, 1399] crc 3 on kafka-0, 4"}]}
+    assert meaningful_change(diverged, moved) is None
+    elsewhere = {**diverged, "divergingPartitions": [{**entry, "brokers": ["kafka-0"]}]}
+    assert meaningful_change(diverged, elsewhere) == "divergingPartitions"
+    # A write for another reason keeps the written detail: no churn from it.
+    other = {**moved, "paused": True}
+    assert status_to_write(diverged, other, at(30))["divergingPartitions"] == [entry]
