@@ -238,6 +238,7 @@ def _broker_entry(report: Mapping[str, Any], now: datetime.datetime) -> dict[str
         "deadThreads": cleaner["deadThreads"],
         "missedReports": 0,
     }
+    entry.update(_insight(report))
     if report.get("scannedAt") is not None:
         entry["scannedAt"] = format_time(_parse_time(report["scannedAt"]))
     if report.get("policyGeneration") is not None:
@@ -249,6 +250,31 @@ def _broker_entry(report: Mapping[str, Any], now: datetime.datetime) -> dict[str
         where = last.get("partition") or last.get("logDir")
         entry["message"] = (f"{where}: {last['message']}" if where else last["message"])[:MAX_BROKER_MESSAGE]
     return entry
+
+
+def _insight(report: Mapping[str, Any]) -> dict[str, Any]:
+    """What issue 14's insight adds to a broker's entry: the open transactions that pin a last
+    stable offset (and since when the oldest is open), the bytes the next cleans would free, and
+    the most passes Kafka's cleaner would need over one partition with its dedupe buffer (with
+    the buffer that makes it one). Only stable values: an age would change every round."""
+    held = [p["lsoHolder"] for p in report["partitions"] if p.get("lsoHolder")]
+    starts = [h["startTimestampMs"] for h in held if h.get("startTimestampMs") is not None]
+    topics = report["topics"]
+    out: dict[str, Any] = {
+        "openTransactions": len(held),
+        "nextCleanFreedBytes": sum(t.get("nextCleanFreedBytes") or 0 for t in topics),
+    }
+    if starts:
+        out["oldestOpenTransactionSince"] = format_time(_from_ms(min(starts)))
+    passes = [t["kafkaPasses"] for t in topics if t.get("kafkaPasses") is not None]
+    if passes:
+        out["maxKafkaPasses"] = max(passes)
+        out["onePassDedupeBufferSize"] = max(t.get("onePassDedupeBufferSize") or 0 for t in topics)
+    return out
+
+
+def _from_ms(ms: int) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
 
 
 def _top_entry(pod: str, partition: Mapping[str, Any]) -> dict[str, Any]:
@@ -263,6 +289,19 @@ def _top_entry(pod: str, partition: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("uncleanableReason", "logDir"):
         if isinstance(entry.get(key), str):
             entry[key] = entry[key][:MAX_TEXT]
+    holder = partition.get("lsoHolder")
+    if holder:  # who holds the LSO (its age follows from since: it would move every round)
+        entry["openTransaction"] = {
+            "producerId": holder["producerId"],
+            "producerEpoch": holder["producerEpoch"],
+            "firstOffset": holder["firstOffset"],
+        }
+        if holder.get("startTimestampMs") is not None:
+            entry["openTransaction"]["since"] = format_time(_from_ms(holder["startTimestampMs"]))
+    next_clean = partition.get("nextClean")
+    if next_clean:
+        entry["nextCleanFreedBytes"] = next_clean["bytesFreed"]
+        entry["kafkaPasses"] = next_clean["kafkaPasses"]
     return entry
 
 
@@ -380,7 +419,16 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
         "brokersExpected": expected,
         "brokers": f"{len(live)}/{expected}",
         "divergingPartitions": diverging_count,
+        "openTransactions": sum(e.get("openTransactions", 0) for e in live.values()),
+        "nextCleanFreedBytes": sum(e.get("nextCleanFreedBytes", 0) for e in live.values()),
     }
+    since = [e["oldestOpenTransactionSince"] for e in live.values() if e.get("oldestOpenTransactionSince")]
+    if since:
+        summary["oldestOpenTransactionSince"] = min(since)
+    passes = [e["maxKafkaPasses"] for e in live.values() if "maxKafkaPasses" in e]
+    if passes:
+        summary["maxKafkaPasses"] = max(passes)
+        summary["onePassDedupeBufferSize"] = max(e.get("onePassDedupeBufferSize", 0) for e in live.values())
     if live:
         summary["maxDirtyRatio"] = max(e.get("maxDirtyRatio", 0.0) for e in live.values())
         summary["maxCompactionDelaySeconds"] = max(e.get("maxCompactionDelaySeconds", 0.0) for e in live.values())
@@ -509,7 +557,8 @@ RELATIVE_TOLERANCE = 0.10
 RATIO_TOLERANCE = 0.05
 #: Moved at every report: never a reason to write on their own.
 _VOLATILE = frozenset({"reportedAt", "scannedAt", "lastRunAt"})
-_RELATIVE = frozenset({"cleanableBytes", "stagedBytes", "bytesReclaimedTotal", "maxCompactionDelaySeconds"})
+_RELATIVE = frozenset({"cleanableBytes", "stagedBytes", "bytesReclaimedTotal", "maxCompactionDelaySeconds",
+                       "nextCleanFreedBytes", "onePassDedupeBufferSize"})
 _RATIOS = frozenset({"maxDirtyRatio", "cleanableRatio"})
 _READY_DETAIL = re.compile(r"; max dirty ratio [0-9.]+")
 

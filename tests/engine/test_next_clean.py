@@ -60,6 +60,7 @@ SHAPES = {
     "zipf-mixed-codecs": (60_000, 8_000, 1.1, 100, "mixed"),
     "few-hot-keys-lz4": (40_000, 300, 1.3, 200, "lz4"),
     "mostly-unique-lz4": (40_000, 200_000, 0.0, 120, "lz4"),
+    "mostly-unique-zstd": (40_000, 200_000, 0.0, 120, "zstd"),
     "zipf-zstd": (60_000, 8_000, 1.1, 150, "zstd"),
 }
 

@@ -17,11 +17,12 @@ from compaction_operator.status import (
     Outcome,
     Scrape,
     build_status,
+    meaningful_change,
     parse_report,
     status_patch,
     upsert_condition,
 )
-from operator_samples import REPO, make_policy, make_report
+from operator_samples import REPO, REPORT, make_policy, make_report
 
 T0 = datetime.datetime(2026, 11, 21, 10, 0, 0, tzinfo=datetime.UTC)
 HASH = "0123456789abcdef"
@@ -109,6 +110,7 @@ def test_all_brokers_reporting_is_ready(validate_status: Validate) -> None:
                       "partitions": 120, "uncleanablePartitions": 1, "maxDirtyRatio": 0.62,
                       "maxCompactionDelaySeconds": 12.5, "cleanableBytes": 420, "stagedBytes": 50,
                       "bytesReclaimedTotal": 1000, "deadThreads": 0, "missedReports": 0,
+                      "openTransactions": 0, "nextCleanFreedBytes": 0,
                       "scannedAt": "2026-11-21T10:00:00Z", "policyGeneration": 3, "lastRunAt": None,
                       "message": "orders-3: corrupt batch at offset 17"}
     assert [(p["broker"], p["topic"], p["partition"]) for p in status["topPartitions"][:3]] == [
@@ -502,3 +504,49 @@ def test_a_divergence_starting_or_moving_is_news_and_its_detail_alone_is_not() -
     # A write for another reason keeps the written detail: no churn from it.
     other = {**moved, "paused": True}
     assert status_to_write(diverged, other, at(30))["divergingPartitions"] == [entry]
+
+
+def test_who_holds_the_lso_and_what_the_next_clean_meets_reach_the_cr_status(validate_status: Validate) -> None:
+    """Issue 14's insight where a kubectl user looks: each top partition names the open
+    transaction pinning its LSO (since when, not an age that would move every round) and what
+    its next clean frees; each broker and the summary count the open transactions, the oldest's
+    start, the bytes the next cleans free and the most passes Kafka's cleaner would need."""
+    started = 1_763_700_000_000  # 2025-11-21T04:40:00Z
+    holder = {"producerId": 4711, "producerEpoch": 3, "firstOffset": 1200, "startTimestampMs": started,
+              "ageSeconds": 90_000.0}
+    next_clean = {"dirtyRecords": 900, "dirtyDistinctKeys": 800, "bytesFreed": 5_000, "kafkaPasses": 2,
+                  "passes": 1, "onePassDedupeBufferSize": 300_000_000}
+    pinned = {**REPORT["partitions"][0], "lsoHolder": holder, "nextClean": next_clean}
+    topics = [{**REPORT["topics"][0], "nextCleanFreedBytes": 5_000, "kafkaPasses": 2,
+               "onePassDedupeBufferSize": 300_000_000},
+              {**REPORT["topics"][1], "nextCleanFreedBytes": 700, "kafkaPasses": 1,
+               "onePassDedupeBufferSize": 1_000_000}]
+    def kafka_0(first: dict[str, Any]) -> Scrape:
+        report = make_report("kafka-0", topics=topics)
+        report["partitions"] = [first, REPORT["partitions"][1]]
+        scrape = parse_report(json.dumps(report), "kafka-0")
+        assert scrape.error is None, scrape.error
+        return scrape
+
+    scrapes = {"kafka-0": kafka_0(pinned),
+               "kafka-1": ok("kafka-1"), "kafka-2": ok("kafka-2")}
+    status = round_(None, scrapes)
+    validate_status(status)  # the CRD's status schema keeps every field (none pruned)
+    [top] = [p for p in status["topPartitions"] if p["broker"] == "kafka-0" and p["partition"] == 7]
+    assert top["openTransaction"] == {"producerId": 4711, "producerEpoch": 3, "firstOffset": 1200,
+                                      "since": "2025-11-21T04:40:00Z"}
+    assert (top["nextCleanFreedBytes"], top["kafkaPasses"]) == (5_000, 2)
+    broker = status["brokers"]["kafka-0"]
+    assert (broker["openTransactions"], broker["oldestOpenTransactionSince"]) == (1, "2025-11-21T04:40:00Z")
+    assert (broker["nextCleanFreedBytes"], broker["maxKafkaPasses"]) == (5_700, 2)
+    summary = status["summary"]
+    assert summary["openTransactions"] == 1 and summary["oldestOpenTransactionSince"] == "2025-11-21T04:40:00Z"
+    assert (summary["maxKafkaPasses"], summary["onePassDedupeBufferSize"]) == (2, 300_000_000)
+    assert summary["nextCleanFreedBytes"] == 5_700
+    # The holder's age moving is no news; another transaction pinning it is.
+    older = {**holder, "ageSeconds": 90_030.0}
+    later = round_(status, {**scrapes, "kafka-0": kafka_0({**pinned, "lsoHolder": older})}, now=at(30))
+    assert meaningful_change(status, later) is None
+    other = round_(status, {**scrapes, "kafka-0": kafka_0({**pinned, "lsoHolder": {**holder, "producerId": 4712}})},
+                   now=at(30))
+    assert meaningful_change(status, other) == "topPartitions"
