@@ -38,6 +38,8 @@ MAX_REPLICA_BYTES = 24 * 1024
 REPLICA_RESERVE_BYTES = 8 * 1024
 """Left free after ``replicas`` for what the service adds to the document (gate, stage)."""
 REPLICA_ROTATION_MS = 10 * 60 * 1000
+_EMPTY_REPLICAS = len(',"replicas":{"rotation":,"partitions":[],"omitted":}') + 2 * 20
+"""The replicas section with no partition (its two numbers at their longest)."""
 _REASONS = {"ratio", "lag", "lso", "activeSegment", "uncleanable", "paused"}
 
 
@@ -207,7 +209,9 @@ def build_status(
         "partitions": partitions,
         "errors": [_capped_error(e) for e in list(errors)[-MAX_ERRORS:]],
     }
-    doc = _bounded(doc, keep_partitions=len(top))
+    # Room kept for the replicas section (at least its empty form) and for what the service
+    # adds after (gate, stage): the whole document then stays under MAX_STATUS_BYTES.
+    doc = _bounded(doc, keep_partitions=len(top), limit=MAX_STATUS_BYTES - REPLICA_RESERVE_BYTES - _EMPTY_REPLICAS)
     if snapshot is not None:
         room = min(MAX_REPLICA_BYTES, MAX_STATUS_BYTES - REPLICA_RESERVE_BYTES - _size(doc))
         doc["replicas"] = replica_section(snapshot.statuses, snapshot.scanned_at_ms, room)
@@ -251,16 +255,15 @@ def _size(doc: dict[str, Any]) -> int:
     return len(json.dumps(doc, separators=(",", ":")))
 
 
-def _bounded(doc: dict[str, Any], keep_partitions: int) -> dict[str, Any]:
-    """Cut the long lists until the document fits ``MAX_STATUS_BYTES``: first the
-    uncleanable partitions beyond the top ones, then topics (least dirty last), then the
-    older errors (the newest stays), then the top partitions themselves, then the last
-    error."""
-    if _size(doc) <= MAX_STATUS_BYTES:
+def _bounded(doc: dict[str, Any], keep_partitions: int, limit: int) -> dict[str, Any]:
+    """Cut the long lists until the document fits ``limit`` bytes: first the uncleanable
+    partitions beyond the top ones, then topics (least dirty last), then the older errors
+    (the newest stays), then the top partitions themselves, then the last error."""
+    if _size(doc) <= limit:
         return doc
     total = {"topics": len(doc["topics"]), "partitions": len(doc["partitions"])}
     # Room for the "truncated" counts added at the end (each at most its total).
-    limit = MAX_STATUS_BYTES - len(json.dumps({"truncated": total}, separators=(",", ":")))
+    limit -= len(json.dumps({"truncated": total}, separators=(",", ":")))
     for key, floor in (("partitions", keep_partitions), ("topics", 0), ("errors", 1), ("partitions", 0)):
         items = doc[key]
         if key == "errors":  # the newest stays: cut the oldest first
