@@ -113,6 +113,18 @@ SCHEMA: dict[str, Any] = {
                     "onePassDedupeBufferSize": _BYTES | {
                         "description": "log.cleaner.dedupe.buffer.size that cleans every partition in one pass."
                     },
+                    "clusterConfig": {
+                        "type": "boolean",
+                        "description": "The topic's config came from the cluster's KRaft metadata on this disk "
+                        "(false: no metadata log here, the policy's and Kafka's defaults stand).",
+                    },
+                    "fromPolicy": {
+                        "type": "array",
+                        "maxItems": 64,
+                        "items": {"type": "string", "maxLength": 64},
+                        "description": "Config keys whose effective value is the policy rule's "
+                        "(status's configSources: policy); the others are the cluster's or Kafka's defaults.",
+                    },
                 },
             },
         },

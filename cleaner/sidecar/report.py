@@ -79,6 +79,8 @@ class TopicSummary:
     next_clean_freed_bytes: int = 0
     kafka_passes: int = 0
     one_pass_dedupe_buffer_size: int = 0
+    cluster_config: bool = False
+    from_policy: tuple[str, ...] = ()
 
     def as_status(self) -> dict[str, Any]:
         return {
@@ -95,6 +97,8 @@ class TopicSummary:
             "nextCleanFreedBytes": self.next_clean_freed_bytes,
             "kafkaPasses": self.kafka_passes,
             "onePassDedupeBufferSize": self.one_pass_dedupe_buffer_size,
+            "clusterConfig": self.cluster_config,
+            "fromPolicy": list(self.from_policy),
         }
 
 
@@ -113,6 +117,9 @@ class ScanSnapshot:
             r = s.report
             t = by_topic.setdefault(r.topic_partition.topic, TopicSummary(r.topic_partition.topic))
             t.partitions += 1
+            # Where the topic's config came from (the same for all its partitions).
+            t.cluster_config = r.cluster_config
+            t.from_policy = tuple(sorted(k for k, source in r.config_sources.items() if source == "policy"))
             t.clean_bytes += r.clean_bytes
             t.cleanable_bytes += r.cleanable_bytes
             t.dirty_bytes += max(r.size_bytes - r.clean_bytes, 0)

@@ -61,3 +61,31 @@ def test_status_and_metrics_name_the_hanging_transaction_and_the_next_clean(tmp_
     assert sample.value == holder["ageSeconds"]
     [freed] = families["kafka_cleaner_topic_next_clean_freed_bytes"].samples
     assert freed.value == topic["nextCleanFreedBytes"]
+
+
+def test_status_says_whether_a_topics_config_is_the_clusters_and_what_is_the_policys(tmp_path: Path) -> None:
+    """With the KRaft metadata log on the same disk the topic's ``cleanup.policy`` is the
+    cluster's (``compact,delete`` here, the policy says ``compact``), while
+    ``min.cleanable.dirty.ratio`` (when to clean) is the policy's; without it, the policy's
+    values stand and /status says so."""
+    import uuid
+
+    from metadata_logs import config_record, topic_record, write_metadata_log
+
+    with_metadata = _log_dir(tmp_path / "a")
+    metadata = with_metadata / "__cluster_metadata-0"
+    metadata.mkdir()
+    write_metadata_log(metadata / "00000000000000000000.log", [
+        topic_record("orders", uuid.uuid4()),
+        config_record(2, "orders", "cleanup.policy", "compact,delete"),
+        config_record(2, "orders", "min.cleanable.dirty.ratio", "0.5"),
+    ])  # fmt: skip
+    without = _log_dir(tmp_path / "b")
+    expected = {
+        with_metadata: (True, ["min.cleanable.dirty.ratio"]),  # cleanup.policy: the cluster's
+        without: (False, ["cleanup.policy", "min.cleanable.dirty.ratio"]),  # the rule's own keys
+    }
+    for root, (cluster, overrides) in expected.items():
+        sc = new_sidecar(write_policy(root.parent / f"{root.name}.yaml", topics=TOPICS), [root])
+        orders = topic_entry(next_scan(sc), "orders")
+        assert (orders["clusterConfig"], orders["fromPolicy"]) == (cluster, overrides), orders
