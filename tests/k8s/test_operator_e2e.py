@@ -268,7 +268,9 @@ def test_two_webhook_policies_selecting_one_pod_are_both_told(cluster: ApiCluste
     gets the first one's sidecar (by name), its creator a warning, each policy an
     OverlappingPolicies Event; and once such a pod exists, both policies' status says so."""
     port = free_port()
-    selector = {"matchLabels": {"strimzi.io/kind": "Kafka"}}
+    # A label of this test's own: other tests' Strimzi-like pods in the namespace stay out of it.
+    labels = {"strimzi.io/kind": "Kafka", "kafkacleaner.io/test": "overlap"}
+    selector = {"matchLabels": labels}
     target = {"podSelector": selector, "dataVolume": "data-0", "mountPath": "/var/lib/kafka/data-0",
               "logDirs": ["kafka-log*"], "injection": "webhook"}
     url = f"http://127.0.0.1:{port}/inject-sidecar"
@@ -278,7 +280,7 @@ def test_two_webhook_policies_selecting_one_pod_are_both_told(cluster: ApiCluste
             _create_policy(cluster, policy(name, target=target, reporting={"intervalSeconds": 1}))
         for name in ("wa", "wb"):
             wait_for(lambda n=name: cluster.configmap(f"{n}-kafka-cleaner"), what=f"{name}'s ConfigMap")
-        broker = strimzi_pod("ov-broker-0", {"strimzi.io/kind": "Kafka"})
+        broker = strimzi_pod("ov-broker-0", labels)
         answer = wait_for(lambda: (a := post_review(url, admission_review(broker, "ov-1")))["response"].get("patch")
                           and a, what="an injecting answer")  # fmt: skip
         response = answer["response"]
