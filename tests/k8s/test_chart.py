@@ -243,7 +243,8 @@ NAMESPACED = {
     ("kafkacleaner.io", "compactionpolicies/status", v) for v in ("get", "patch")} | {
     ("kafkacleaner.io", "compactionpolicies/finalizers", "update")} | {
     ("apps", "statefulsets", v) for v in ("get", "list", "watch", "patch")} | {
-    ("", "pods", v) for v in ("get", "list", "watch")} | {
+    ("", "pods", v) for v in ("get", "list", "watch", "patch", "delete")} | {
+    ("core.strimzi.io", "strimzipodsets", "get")} | {
     ("", "configmaps", v) for v in ("get", "list", "watch", "create", "update", "patch", "delete")} | {
     ("", "events", v) for v in ("create", "patch")}
 CRDS = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}
@@ -283,8 +284,8 @@ def test_nothing_broad_or_dangerous_is_granted(helm_template: Render, rbac: Simp
                 assert "*" not in rule.get(key, []), (grant.source, rule)
             assert not dangerous & set(rule["resources"]), (grant.source, rule)
             assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"])
-            if "pods" in rule["resources"]:
-                assert set(rule["verbs"]) <= {"get", "list", "watch"}
+            if "pods" in rule["resources"]:  # patch: an annotation; delete: one paced pod at a time
+                assert set(rule["verbs"]) <= {"get", "list", "watch", "patch", "delete"}
 
 
 def test_aggregated_roles_for_users(helm_template: Render) -> None:
