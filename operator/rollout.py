@@ -137,12 +137,14 @@ def pending(pods: Sequence[PodView], wanted: str | None) -> list[PodView]:
 
 def stuck(pods: Sequence[PodView], wanted: str | None, now: datetime.datetime,
           deadline_seconds: float) -> list[PodView]:
-    """Pods that run the wanted (new) sidecar and have not become Ready within the deadline
-    since they were created: the rollout of the sidecar does not progress because of it
-    (nothing else changed in their template)."""
+    """Pods that run the wanted (new) sidecar, have not become Ready within the deadline since
+    they were created, and whose cause points at the sidecar: the pod cannot be scheduled (the
+    sidecar's requests were added to it) or the sidecar container is waiting (an image that
+    cannot be pulled, a crash loop, a configuration error). A broker that is not Ready for a
+    reason of its own (its own container failing) is never taken for a sidecar problem."""
     if wanted is None:
         return []
-    return [p for p in pods if p.sidecar_hash == wanted and not p.ready and not p.deleting
+    return [p for p in pods if p.sidecar_hash == wanted and not p.ready and not p.deleting and p.why
             and p.created is not None and (now - p.created).total_seconds() > deadline_seconds]
 
 

@@ -248,6 +248,21 @@ def test_manual_restarts_nothing_names_the_pending_pods_and_pins_the_image(clust
         time.sleep(1)
         assert _uids(_pods(cluster)) == rolled
 
+        # -- deletion is Manual too: the sidecar leaves the template, the pods wait for the
+        # person's roll, and only then do the finalizer and the ConfigMap go ------------------
+        cluster.custom.delete_namespaced_custom_object(G, V, NS, P, "manual")
+        wait_for(lambda: _template_hash(cluster) is None, timeout=TIMEOUT, what="the sidecar out of the template")
+        time.sleep(2)
+        assert cluster.policy("manual") is not None and cluster.configmap("manual-kafka-cleaner") is not None
+        assert _uids(_pods(cluster)) == rolled
+        assert ("CompactionPolicy", "AwaitingRollout") in {(k, r) for k, r, _ in cluster.events()}
+        cluster.apps.patch_namespaced_stateful_set(
+            "broker", NS, {"spec": {"updateStrategy": {"rollingUpdate": {"partition": 0}}}})
+        wait_for(lambda: _all_ready(cluster, 2, None), timeout=TIMEOUT, what="both pods without the sidecar")
+        wait_for(lambda: cluster.policy("manual") is None, timeout=TIMEOUT, what="the policy gone")
+        assert cluster.configmap("manual-kafka-cleaner") is None
+        assert UPDATE_STRATEGY_ANNOTATION not in cluster.sts()["metadata"].get("annotations", {})
+
 
 def test_paced_rolls_one_broker_at_a_time_and_waits_for_the_reports(cluster: ApiCluster) -> None:
     port = free_port()

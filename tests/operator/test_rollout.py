@@ -90,6 +90,16 @@ def test_pending_stuck_and_order() -> None:
     [bad] = stuck(views, "new", NOW, 600)
     assert bad.name == "kafka-10" and bad.why == "Unschedulable: Insufficient cpu"
     assert stuck(views, "new", NOW, 800) == [] and stuck(views, None, NOW, 1) == []
+    # Not Ready because of the broker's own container: never the sidecar's fault.
+    broker_down = pod("kafka-3", ready=False, age=700)
+    broker_down["status"]["containerStatuses"] = [{"name": "kafka", "state": {"waiting": {
+        "reason": "CrashLoopBackOff"}}}]
+    assert stuck([pod_view(broker_down)], "new", NOW, 600) == []
+    pull = pod("kafka-4", ready=False, age=700)
+    pull["status"]["initContainerStatuses"] = [{"name": SIDECAR_CONTAINER, "state": {"waiting": {
+        "reason": "ImagePullBackOff"}}}]
+    assert [v.why for v in stuck([pod_view(pull)], "new", NOW, 600)] == [
+        f"container {SIDECAR_CONTAINER}: ImagePullBackOff"]
     assert next_to_roll(views).name == "kafka-10"  # by ordinal, not by name
 
 
