@@ -592,7 +592,9 @@ class Operator:
             rollout.pop("gate", None)
 
         # -- done: the StatefulSet gets its own update strategy back ------------------------------
-        if sts is not None and not waiting:
+        # Only once every pod it should have is there and none is on its way out: a pod that is
+        # being replaced must come back under the hold.
+        if sts is not None and not waiting and "rolling" not in rollout and _settled(views, target.expected):
             ops = release_ops(sts)
             if ops is not None:
                 await self.call(kube.patch_statefulset, namespace, workload.name, ops)
@@ -705,13 +707,16 @@ class Operator:
                 return
             selector = label_selector_string((sts.get("spec") or {}).get("selector") or {})
             views = [pod_view(p) for p in await self.call(kube.list_pods, namespace, selector)] if selector else []
-            waiting = pending([v for v in views if not v.deleting], None)
-            if not waiting:
+            # This policy's sidecar only (a pod injected by hand, or by another policy, stays).
+            name = body["metadata"]["name"]
+            waiting = pending([v for v in views if not v.deleting and v.policy == name], None)
+            settled = _settled(views, expected_pod_names(workload, sts))
+            if not waiting and settled:
                 ops = release_ops(sts)
                 if ops is not None:
                     await self.call(kube.patch_statefulset, namespace, sts_name, ops)
                 return
-            if strategy is RolloutStrategy.PACED and all(v.ready and not v.deleting for v in views):
+            if waiting and strategy is RolloutStrategy.PACED and settled and all(v.ready for v in views):
                 pick = next_to_roll(waiting)
                 assert pick is not None
                 await self.call(kube.delete_pod, namespace, pick.name, pick.uid)
@@ -719,7 +724,7 @@ class Operator:
             how = "; ".join(f"{v.name}: {how_to_roll(workload, v.name, sts)}" for v in waiting[:MAX_PENDING_LISTED])
             message = (f"waiting for {len(waiting)} pod(s) of {workload} to be recreated without the sidecar "
                        f"(rollout.strategy {strategy.value}): {how}")
-            if message != told and strategy is not RolloutStrategy.PACED:
+            if waiting and message != told and strategy is not RolloutStrategy.PACED:
                 kopf.event(body, type="Normal", reason="AwaitingRollout", message=message)
                 logger.info(message + ".")
                 told = message
@@ -799,6 +804,12 @@ def _hint(rollout: Mapping[str, Any]) -> str:
     who = "a person or the Kafka operator rolls them" if strategy == RolloutStrategy.MANUAL.value else \
         "each gets it when it is recreated"
     return f"; rollout.strategy {strategy}: {who}, e.g. {listed[0]['roll']} (status.rollout.pendingPods)"
+
+
+def _settled(views: Sequence[PodView], expected: Sequence[str] | None) -> bool:
+    """Every pod the workload should have exists and none is being deleted."""
+    present = {v.name for v in views if not v.deleting}
+    return not any(v.deleting for v in views) and all(name in present for name in expected or ())
 
 
 def _gate(views: Sequence[PodView], expected: Sequence[str] | None, scrapes: Mapping[str, Scrape]) -> str | None:

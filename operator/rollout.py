@@ -34,7 +34,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from compaction_operator.injection import SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION, _pointer
+from compaction_operator.injection import POLICY_ANNOTATION, SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION, _pointer
 
 from cleaner.config import RolloutStrategy
 
@@ -86,6 +86,8 @@ class PodView:
     #: Why it is not Ready, as the kubelet or the scheduler said it (empty when unknown).
     why: str = ""
     roll_requested: bool = False
+    #: ``kafkacleaner.io/policy``: whose sidecar it runs.
+    policy: str | None = None
 
 
 def _time(text: str | None) -> datetime.datetime | None:
@@ -114,7 +116,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
                    deleting=bool(meta.get("deletionTimestamp")), created=_time(meta.get("creationTimestamp")),
                    sidecar_hash=annotations.get(SIDECAR_HASH_ANNOTATION) if has_sidecar else None,
                    has_sidecar=has_sidecar, why=why,
-                   roll_requested=annotations.get(STRIMZI_MANUAL_ROLLING_UPDATE) == "true")
+                   roll_requested=annotations.get(STRIMZI_MANUAL_ROLLING_UPDATE) == "true",
+                   policy=annotations.get(POLICY_ANNOTATION) if has_sidecar else None)
 
 
 def expected_pod_names(workload: Workload, obj: Mapping[str, Any]) -> list[str]:

@@ -2,6 +2,7 @@
 kube-controller-manager recreates the pods, kwok's fake kubelet makes them Ready, and the
 operator calls as the chart's ServiceAccount (the real RBAC authorizer judges each call).
 
+* OnDelete: a pod gets the sidecar when someone deletes it, the others keep running.
 * Manual (the default): a new policy restarts no pod; the status names each pending pod with
   the command that rolls it; the person's roll (lowering the partition) makes them current and
   the StatefulSet gets its own update strategy back. An operator restarted with another
@@ -60,9 +61,15 @@ def cluster(control_plane: ControlPlane, install_chart: Callable[..., pathlib.Pa
     admin = ApiCluster(kubernetes.config.new_client_from_config(config_file=str(control_plane.kubeconfig)), NS)
     with activated_kubeconfig(kubeconfig):
         yield admin
-    for plural in (P,):
-        control_plane.kubectl("delete", plural, "--all", "-n", NS, "--wait=false", check=False)
-    control_plane.kubectl("delete", "statefulsets,pods", "--all", "-n", NS, "--wait=false", check=False)
+    # No operator runs any more to release the finalizers: drop them, so that no policy of
+    # this test is still being deleted (and rolling) when the next test's operator starts.
+    for item in (admin._json(admin.custom.list_namespaced_custom_object, G, V, NS, P) or {}).get("items", []):
+        admin.custom.patch_namespaced_custom_object(G, V, NS, P, item["metadata"]["name"],
+                                                    {"metadata": {"finalizers": None}})
+    control_plane.kubectl("delete", P, "--all", "-n", NS, "--wait=false", check=False)
+    # Wait until the pods are gone: a StatefulSet of the next test would adopt them.
+    control_plane.kubectl("delete", "statefulsets,pods", "--all", "-n", NS, "--wait=true", "--timeout=90s",
+                          check=False, timeout_s=120)
 
 
 def _brokers(cluster: ApiCluster, replicas: int, *, host_network: bool = False) -> dict[str, Any]:
@@ -262,6 +269,28 @@ def test_manual_restarts_nothing_names_the_pending_pods_and_pins_the_image(clust
         wait_for(lambda: cluster.policy("manual") is None, timeout=TIMEOUT, what="the policy gone")
         assert cluster.configmap("manual-kafka-cleaner") is None
         assert UPDATE_STRATEGY_ANNOTATION not in cluster.sts()["metadata"].get("annotations", {})
+
+
+def test_ondelete_gives_the_sidecar_to_the_pod_someone_deletes(cluster: ApiCluster) -> None:
+    before = _brokers(cluster, 2)
+    with running_operator():
+        _create(cluster, policy("ondelete", target=sts_target(), rollout={"strategy": "OnDelete"}))
+        wanted = wait_for(lambda: _template_hash(cluster), timeout=TIMEOUT, what="the sidecar in the template")
+        assert cluster.sts()["spec"]["updateStrategy"] == {"type": "OnDelete"}
+        rollout = wait_for(lambda: (r := cluster.status("ondelete").get("rollout", {})).get("pending") == 2 and r,
+                           timeout=TIMEOUT, what="two pending pods")  # fmt: skip
+        assert rollout["pendingPods"][0]["roll"] == f"kubectl delete pod -n {NS} broker-0"
+        time.sleep(2)
+        assert _uids(_pods(cluster)) == _uids(before)
+        cluster.core.delete_namespaced_pod("broker-0", NS)
+        pods = wait_for(lambda: (p := _pods(cluster)).get("broker-0") and _ready(p["broker-0"]) and p[
+            "broker-0"]["metadata"]["uid"] != before["broker-0"]["metadata"]["uid"] and p, timeout=TIMEOUT,
+            what="broker-0 recreated")  # fmt: skip
+        assert pods["broker-0"]["metadata"]["annotations"][SIDECAR_HASH_ANNOTATION] == wanted
+        assert pods["broker-1"]["metadata"]["uid"] == before["broker-1"]["metadata"]["uid"]
+        assert find_sidecar(pods["broker-1"]["spec"]) is None
+        wait_for(lambda: cluster.status("ondelete")["rollout"].get("pending") == 1, timeout=TIMEOUT,
+                 what="one pod pending")  # fmt: skip
 
 
 def test_paced_rolls_one_broker_at_a_time_and_waits_for_the_reports(cluster: ApiCluster) -> None:

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import jsonpatch
+from compaction_operator.handlers import Operator, _gate
 from compaction_operator.injection import SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION
 from compaction_operator.rollout import (
     STRIMZI_MANUAL_ROLLING_UPDATE,
@@ -22,8 +23,8 @@ from compaction_operator.rollout import (
     release_ops,
     stuck,
 )
-from compaction_operator.status import BrokerPod, Outcome, build_status
-from operator_samples import make_policy
+from compaction_operator.status import BrokerPod, Outcome, Scrape, build_status
+from operator_samples import make_policy, make_report
 
 from cleaner.config import RolloutStrategy
 
@@ -126,3 +127,28 @@ def test_a_missing_broker_is_named_from_the_workload_replicas() -> None:
     assert status["summary"]["brokersExpected"] == 2
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "BrokersMissing" and "kafka-1" in ready["message"]
+
+
+def test_a_paced_step_is_done_only_when_the_rolled_broker_is_back_whole() -> None:
+    rolling = {"pod": "kafka-2", "uid": "old", "since": "2026-01-01T11:59:00Z", "partitionsBefore": 120}
+    back = pod_view(pod("kafka-2"))
+    report = make_report("kafka-2")  # 120 partitions in its log dir, scanned
+    assert Operator._rolled(back, rolling, "new", {"kafka-2": Scrape(report=report)}) == (True, "")
+    assert Operator._rolled(pod_view({**pod("kafka-2"), "metadata": {**pod("kafka-2")["metadata"], "uid": "old"}}),
+                            rolling, "new", {})[1] == "waiting for kafka-2 to be recreated"
+    assert "not Ready" in Operator._rolled(pod_view(pod("kafka-2", ready=False)), rolling, "new", {})[1]
+    fewer = make_report("kafka-2")
+    fewer["logDirs"][0]["partitions"] = 119
+    done, why = Operator._rolled(back, rolling, "new", {"kafka-2": Scrape(report=fewer)})
+    assert not done and "reports 119 partitions in its log dirs, 120 before its restart" in why
+    unscanned = {**report, "scannedAt": None}
+    assert not Operator._rolled(back, rolling, "new", {"kafka-2": Scrape(report=unscanned)})[0]
+    assert not Operator._rolled(back, rolling, "new", {"kafka-2": Scrape(error="refused")})[0]
+    # Removing the sidecar: back without it and Ready is enough (no report to wait for).
+    assert Operator._rolled(pod_view(pod("kafka-2", hash_=None)), rolling, None, None) == (True, "")
+
+    views = [pod_view(pod(f"kafka-{i}")) for i in range(3)]
+    assert _gate(views, ["kafka-0", "kafka-1", "kafka-2"], {}) is None
+    assert _gate(views, ["kafka-0", "kafka-1", "kafka-2", "kafka-3"], {}) == "waiting: kafka-3 missing"
+    assert _gate([*views[:2], pod_view(pod("kafka-2", ready=False))], None, {}) == "waiting: kafka-2 not Ready"
+    assert _gate(views, None, {"kafka-1": Scrape(error="timeout")}) == "waiting: no report from kafka-1 (timeout)"
