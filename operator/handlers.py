@@ -62,6 +62,7 @@ from compaction_operator.rollout import (
     next_to_roll,
     pending,
     pod_view,
+    rehold_ops,
     release_ops,
     stuck,
 )
@@ -539,6 +540,13 @@ class Operator:
                                   for v in sorted(waiting, key=lambda v: v.name)[:MAX_PENDING_LISTED]]
         if not waiting:
             rollout.pop("pendingPods")
+
+        # -- the strategy changed while pods wait: the hold follows it ---------------------------
+        if sts is not None and waiting:
+            ops = rehold_ops(sts, strategy)
+            if ops is not None:
+                sts = await self.call(kube.patch_statefulset, namespace, workload.name, ops)
+                logger.info(f"{workload}: held for rollout.strategy {strategy.value}.")
 
         # -- a sidecar that keeps its pod from becoming Ready is taken out again ----------------
         bad = stuck(views, wanted_hash, now, deadline) if sidecar is not None else []

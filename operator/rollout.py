@@ -49,6 +49,7 @@ __all__ = [
     "next_to_roll",
     "pending",
     "pod_view",
+    "rehold_ops",
     "release_ops",
     "stuck",
 ]
@@ -197,6 +198,26 @@ def hold_ops(sts: Mapping[str, Any], strategy: RolloutStrategy) -> list[dict[str
                         "value": original})
     ops.append({"op": "add", "path": "/spec/updateStrategy", "value": held})
     return ops
+
+
+def rehold_ops(sts: Mapping[str, Any], strategy: RolloutStrategy) -> list[dict[str, Any]] | None:
+    """Operations that change a held StatefulSet's hold to the one ``strategy`` asks for (the
+    policy's strategy changed while pods wait: a paced deletion under a Manual partition would
+    bring the pod back unchanged), or None when it is right already or not held."""
+    saved = ((sts.get("metadata") or {}).get("annotations") or {}).get(UPDATE_STRATEGY_ANNOTATION)
+    if saved is None:
+        return None
+    try:
+        original = json.loads(saved)
+    except ValueError:
+        original = {}
+    base = {**sts, "spec": {**(sts.get("spec") or {}), "updateStrategy": original}}
+    wanted = _held_strategy(base, strategy) or original
+    if (sts.get("spec") or {}).get("updateStrategy") == wanted:
+        return None
+    path = f"/metadata/annotations/{_pointer(UPDATE_STRATEGY_ANNOTATION)}"
+    return [{"op": "test", "path": path, "value": saved}, {"op": "add", "path": "/spec/updateStrategy",
+                                                           "value": wanted}]
 
 
 def release_ops(sts: Mapping[str, Any]) -> list[dict[str, Any]] | None:

@@ -293,6 +293,28 @@ def test_ondelete_gives_the_sidecar_to_the_pod_someone_deletes(cluster: ApiClust
                  what="one pod pending")  # fmt: skip
 
 
+def test_switching_from_manual_to_paced_changes_the_hold(cluster: ApiCluster) -> None:
+    """Paced under a Manual partition would delete a pod that comes back unchanged: the hold
+    follows the strategy, so the first paced pod comes back with the sidecar."""
+    before = _brokers(cluster, 2)
+    with running_operator():
+        _create(cluster, policy("switch", target=sts_target(), reporting={"intervalSeconds": 1}))
+        wanted = wait_for(lambda: _template_hash(cluster), timeout=TIMEOUT, what="the sidecar in the template")
+        wait_for(lambda: cluster.status("switch").get("rollout", {}).get("pending") == 2, timeout=TIMEOUT,
+                 what="two pending pods")  # fmt: skip
+        assert cluster.sts()["spec"]["updateStrategy"]["rollingUpdate"]["partition"] == 2
+        cluster.patch_spec("switch", {"rollout": {"strategy": "Paced"}})
+        pod = wait_for(lambda: (p := _pods(cluster).get("broker-1")) and _ready(p) and p["metadata"]["uid"] != before[
+            "broker-1"]["metadata"]["uid"] and p, timeout=TIMEOUT, what="broker-1 rolled")  # fmt: skip
+        assert pod["metadata"]["annotations"][SIDECAR_HASH_ANNOTATION] == wanted
+        assert cluster.sts()["spec"]["updateStrategy"] == {"type": "OnDelete"}
+        # broker-1's sidecar cannot answer here (no process runs it): the next step waits.
+        gate = wait_for(lambda: "no report from broker-1" in (g := cluster.status("switch")["rollout"].get(
+            "gate", "")) and g, timeout=TIMEOUT, what="the gate waiting for broker-1's report")  # fmt: skip
+        assert gate
+        assert _pods(cluster)["broker-0"]["metadata"]["uid"] == before["broker-0"]["metadata"]["uid"]
+
+
 def test_paced_rolls_one_broker_at_a_time_and_waits_for_the_reports(cluster: ApiCluster) -> None:
     port = free_port()
     fake = FakeSidecars(port)

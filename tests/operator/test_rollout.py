@@ -20,6 +20,7 @@ from compaction_operator.rollout import (
     next_to_roll,
     pending,
     pod_view,
+    rehold_ops,
     release_ops,
     stuck,
 )
@@ -79,6 +80,19 @@ def test_paced_and_ondelete_hold_with_ondelete_and_an_ondelete_statefulset_is_le
         assert "updateStrategy" not in back["spec"] or back["spec"]["updateStrategy"]["rollingUpdate"] == {
             "partition": 0}
     assert hold_ops(sts({"type": "OnDelete"}), RolloutStrategy.MANUAL) == []
+
+
+def test_a_changed_strategy_changes_the_hold() -> None:
+    original = sts({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}})
+    manual = jsonpatch.apply_patch(original, hold_ops(original, RolloutStrategy.MANUAL))
+    assert rehold_ops(manual, RolloutStrategy.MANUAL) is None
+    paced = jsonpatch.apply_patch(manual, rehold_ops(manual, RolloutStrategy.PACED))
+    assert paced["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    back = jsonpatch.apply_patch(paced, rehold_ops(paced, RolloutStrategy.MANUAL))
+    assert back["spec"]["updateStrategy"] == manual["spec"]["updateStrategy"]
+    assert rehold_ops(original, RolloutStrategy.PACED) is None  # not held: nothing to change
+    assert jsonpatch.apply_patch(paced, release_ops(paced))["spec"]["updateStrategy"] == original["spec"][
+        "updateStrategy"]
 
 
 def test_pending_stuck_and_order() -> None:
