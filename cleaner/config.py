@@ -78,6 +78,8 @@ __all__ = [
     "Policy",
     "ReportingConfig",
     "ResourceRequirements",
+    "RolloutConfig",
+    "RolloutStrategy",
     "SELinuxOptions",
     "SeccompProfile",
     "SecurityContext",
@@ -125,6 +127,20 @@ class CleanupPolicy(enum.StrEnum):
     COMPACT = "compact"
     COMPACT_DELETE = "compact,delete"
     DELETE = "delete"
+
+
+class RolloutStrategy(enum.StrEnum):
+    """Who restarts the broker pods when the operator puts its sidecar in or takes it out.
+
+    ``Manual`` (the default): nobody but a person or the Kafka operator; the status names the
+    pods that wait. ``OnDelete``: a pod gets the change when whoever deletes it recreates it.
+    ``Paced``: the operator, one broker at a time, gated on readiness and the sidecars' reports
+    (docs/operator.md, "Rollouts").
+    """
+
+    MANUAL = "Manual"
+    ON_DELETE = "OnDelete"
+    PACED = "Paced"
 
 
 class Injection(enum.StrEnum):
@@ -1070,6 +1086,18 @@ class ReportingConfig(_Model):
     max_partition_series: int = _field("maxPartitionSeries", _Int(0, format="int32"), 1000)
 
 
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig(_Model):
+    """How a change of the injected sidecar reaches the broker pods (no pod restarts by itself
+    unless ``strategy`` is ``Paced``)."""
+
+    strategy: RolloutStrategy = _field("strategy", _Str(enum=tuple(RolloutStrategy), enum_type=RolloutStrategy),
+                                       RolloutStrategy.MANUAL)
+    #: A pod the operator restarted that is not Ready (or not reporting) within this makes the
+    #: rollout Stalled; a stall caused by the sidecar removes it from the pod template again.
+    progress_deadline_seconds: int = _field("progressDeadlineSeconds", _Int(1, 86400, format="int32"), 600)
+
+
 # --------------------------------------------------------------------------------------------
 # The policy
 # --------------------------------------------------------------------------------------------
@@ -1092,6 +1120,7 @@ class Policy(_Model):
     target: Target | None = _field("target", _Obj(Target), None)
     sidecar: SidecarConfig = _field("sidecar", _Obj(SidecarConfig), SidecarConfig())
     reporting: ReportingConfig = _field("reporting", _Obj(ReportingConfig), ReportingConfig())
+    rollout: RolloutConfig = _field("rollout", _Obj(RolloutConfig), RolloutConfig())
     paused: bool = _field("paused", _Bool(), False)
 
     name: str | None = field(default=None, compare=False)

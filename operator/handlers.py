@@ -55,13 +55,37 @@ from compaction_operator.injection import (
     template_patch,
 )
 from compaction_operator.kube import GROUP, PLURAL, VERSION, ApiException, Kube, load_config
+from compaction_operator.rollout import (
+    STRIMZI_MANUAL_ROLLING_UPDATE,
+    STRIMZI_PODSET,
+    PodView,
+    Workload,
+    expected_pod_names,
+    hold_ops,
+    how_to_roll,
+    next_to_roll,
+    pending,
+    pod_view,
+    rehold_ops,
+    release_ops,
+    stuck,
+)
 from compaction_operator.scrape import fetch_reports, pod_address
 from compaction_operator.settings import OperatorConfig
-from compaction_operator.status import BrokerPod, Outcome, OutcomeKind, build_status, status_patch, status_to_write
+from compaction_operator.status import (
+    BrokerPod,
+    Outcome,
+    OutcomeKind,
+    Scrape,
+    build_status,
+    format_time,
+    status_patch,
+    status_to_write,
+)
 from compaction_operator.webhook import WEBHOOK_ID, Choice, choose_policy, webhook_server
 
 from cleaner.clock import SystemTime, Time
-from cleaner.config import API_VERSION, KIND, Injection, Policy, parse_policy
+from cleaner.config import API_VERSION, KIND, Injection, Policy, RolloutStrategy, parse_policy
 from cleaner.errors import PolicyError
 
 __all__ = ["FINALIZER", "WEBHOOK_ID", "Operator", "build_registry", "build_settings"]
@@ -73,6 +97,25 @@ GENERATION_ANNOTATION = "kafkacleaner.io/policy-generation"
 MANAGED_BY = "kafka-cleaner-operator"
 #: How long the API server's version is trusted before it is asked again (clusters upgrade).
 VERSION_TTL = 600.0
+#: Pods listed in status.rollout.pendingPods (the count is always whole).
+MAX_PENDING_LISTED = 50
+
+
+@dataclasses.dataclass
+class Target:
+    """A round's view of the policy's broker pods and what owns them."""
+
+    pods: list[BrokerPod]
+    raw: list[dict[str, Any]]
+    workload: Workload | None = None
+    #: The workload as read (a StatefulSet, a StrimziPodSet), for spec.replicas and its hold.
+    obj: dict[str, Any] | None = None
+
+    @property
+    def expected(self) -> list[str] | None:
+        if self.workload is None or self.obj is None:
+            return None
+        return expected_pod_names(self.workload, self.obj)
 
 
 class Stalled(Exception):
@@ -237,20 +280,26 @@ class Operator:
         meta = body["metadata"]
         namespace, name, generation = meta["namespace"], meta["name"], int(meta.get("generation") or 1)
         previous = state.status if state.status is not None else dict(body.get("status") or {})
+        rollout: dict[str, Any] = dict(previous.get("rollout") or {})
         pods: list[BrokerPod] | None = None
         overlap: str | None = None
-        scrapes = None
+        scrapes: Mapping[str, Scrape] | None = None
         sidecar: Sidecar | None = None
         policy: Policy | None = None
+        target: Target | None = None
         try:
             policy = parse_policy(_manifest(body), source=f"CompactionPolicy {namespace}/{name}")
+            sidecar = await self._expected_sidecar(policy, rollout, strict=not policy.paused)
+            rolled_back = rollout.get("rolledBack") or {}
+            # A sidecar that was rolled back is not injected again until the spec changes it.
+            wanted = None if sidecar is not None and rolled_back.get("sidecarHash") == sidecar.hash else sidecar
             if policy.paused:
                 outcome = Outcome.paused()
-                sidecar = await self._expected_sidecar(policy)
             else:
-                sidecar = await self._apply(body, policy, logger)
+                await self._apply(body, policy, wanted, logger)
                 outcome = Outcome()
-            pods = await self._target_pods(policy, namespace) if policy.target is not None else []
+            target = await self._target_pods(policy, namespace) if policy.target is not None else None
+            pods = target.pods if target is not None else []
             if scrape and pods:
                 assert self.session is not None
                 scrapes = await fetch_reports(self.session, pods, policy.sidecar.port, self.config.scrape_timeout)
@@ -259,6 +308,11 @@ class Operator:
                         metrics.SCRAPE_FAILURES.labels(namespace, name, pod).inc()
             elif scrape:
                 scrapes = {}
+            if target is not None and not policy.paused:
+                outcome = await self._roll(body, policy, target, sidecar, wanted, scrapes, previous, rollout,
+                                           logger)
+            if rolled_back and wanted is None and sidecar is not None and outcome.kind is OutcomeKind.OK:
+                outcome = Outcome.stalled("SidecarRolledBack", rolled_back.get("message") or "rolled back")
         except PolicyError as exc:
             outcome = Outcome.stalled("InvalidSpec", str(exc))
         except Stalled as exc:
@@ -268,9 +322,16 @@ class Operator:
         if outcome.kind is OutcomeKind.STALLED:
             metrics.RECONCILE_ERRORS.labels(namespace, name, outcome.reason).inc()
 
+        if policy is not None and rollout.get("rolledBack") and sidecar is not None and (
+                rollout["rolledBack"].get("sidecarHash") != sidecar.hash):
+            rollout.pop("rolledBack")  # the spec changed the sidecar: a new try
         new = build_status(policy=policy, generation=generation, previous=previous, outcome=outcome, pods=pods,
                            scrapes=scrapes, sidecar_hash=sidecar.hash if sidecar is not None else None,
-                           now=self.now(), overlap=overlap)
+                           now=self.now(), overlap=overlap,
+                           expected_pods=target.expected if target is not None else None,
+                           rollout_hint=_hint(rollout))
+        if rollout:
+            new["rollout"] = rollout
         await self._write_status(state, namespace, name, previous, new)
         self._announce(body, previous, new, logger)
         summary = new["summary"]
@@ -279,6 +340,10 @@ class Operator:
         stale = sum(1 for e in new["brokers"].values() if e.get("missedReports", 0) >= 3)
         metrics.STALE_BROKERS.labels(namespace, name).set(stale)
         metrics.DIVERGING_PARTITIONS.labels(namespace, name).set(summary["divergingPartitions"])
+        stalled = next((c for c in new["conditions"] if c["type"] == "Stalled"), {})
+        metrics.ROLLOUT_STALLED.labels(namespace, name).set(
+            1 if stalled.get("status") == "True" and stalled.get("reason") in ROLLOUT_STALL_REASONS else 0)
+        metrics.ROLLOUT_PENDING_PODS.labels(namespace, name).set(rollout.get("pending", 0))
 
     async def _write_status(self, state: PolicyState, namespace: str, name: str, previous: Mapping[str, Any],
                             new: dict[str, Any]) -> None:
@@ -311,32 +376,52 @@ class Operator:
 
     # -- reconcile -------------------------------------------------------------------------
 
-    async def _expected_sidecar(self, policy: Policy) -> Sidecar | None:
-        image = self.image(policy)
-        if policy.target is None or image is None:
-            return None
-        version = await self.cluster_version()
-        return build_sidecar(policy, image=image, native=version.native_sidecars)
+    async def _expected_sidecar(self, policy: Policy, rollout: dict[str, Any], *,
+                                strict: bool) -> Sidecar | None:
+        """The sidecar the target pods should run, with the image pinned per policy.
 
-    async def _apply(self, body: Mapping[str, Any], policy: Policy,
-                     logger: logging.Logger | logging.LoggerAdapter[Any]) -> Sidecar | None:
-        """The ConfigMap and the injection; the sidecar the target pods should run."""
+        ``spec.sidecar.image`` wins. Without it the operator's default image is used once and
+        recorded in ``status.rollout`` (``sidecarImage``, ``sidecarHash``): later rounds build
+        the sidecar with the recorded image as long as that gives the recorded hash, so an
+        operator upgrade (a new default tag) changes no pod template by itself. A spec change
+        that changes the sidecar anyway (mode, port, resources, target, ...) takes the current
+        default along; setting ``spec.sidecar.image`` moves a policy explicitly. ``rollout`` is
+        updated in place. ``strict``: a missing image or webhook is Stalled (not when paused).
+        """
+        if policy.target is None:
+            return None
+        if strict and policy.target.effective_injection is Injection.WEBHOOK and not self.config.webhook_enabled:
+            raise Stalled("WebhookDisabled", "target.injection is webhook, but this operator runs without "
+                          "its admission webhook (Helm value webhook.enabled)")
+        version = await self.cluster_version()
         sidecar: Sidecar | None = None
-        if policy.target is not None:
-            if self.image(policy) is None:
-                raise Stalled("NoSidecarImage", "spec.sidecar.image is not set and the operator has no default "
-                              "(KAFKA_CLEANER_SIDECAR_IMAGE)")
-            if policy.target.effective_injection is Injection.WEBHOOK and not self.config.webhook_enabled:
-                raise Stalled("WebhookDisabled", "target.injection is webhook, but this operator runs without "
-                              "its admission webhook (Helm value webhook.enabled)")
-            sidecar = await self._expected_sidecar(policy)
+        pinned_image, pinned_hash = rollout.get("sidecarImage"), rollout.get("sidecarHash")
+        if policy.sidecar.image is None and pinned_image:
+            candidate = build_sidecar(policy, image=pinned_image, native=version.native_sidecars)
+            if candidate.hash == pinned_hash:
+                sidecar = candidate
+        if sidecar is None:
+            image = self.image(policy)
+            if image is None:
+                if strict:
+                    raise Stalled("NoSidecarImage", "spec.sidecar.image is not set and the operator has no "
+                                  "default (KAFKA_CLEANER_SIDECAR_IMAGE)")
+                return None
+            sidecar = build_sidecar(policy, image=image, native=version.native_sidecars)
+        rollout["sidecarImage"] = sidecar.container["image"]
+        rollout["sidecarHash"] = sidecar.hash
+        return sidecar
+
+    async def _apply(self, body: Mapping[str, Any], policy: Policy, sidecar: Sidecar | None,
+                     logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        """The ConfigMap and the injection of ``sidecar`` (None: none, take it out)."""
         await self._ensure_configmap(body, policy, logger)
         wanted = policy.target.stateful_set if (
-            policy.target is not None and policy.target.effective_injection is Injection.STATEFUL_SET) else None
+            policy.target is not None and policy.target.effective_injection is Injection.STATEFUL_SET
+            and sidecar is not None) else None
         await self._remove_stale_injections(body, policy, keep=wanted, logger=logger)
         if wanted is not None and sidecar is not None:
             await self._inject(body, policy, wanted, sidecar, logger)
-        return sidecar
 
     async def _ensure_configmap(self, body: Mapping[str, Any], policy: Policy,
                                 logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
@@ -400,7 +485,7 @@ class Operator:
             return
         await self._admission_dry_run(sts, patch)
         first = find_sidecar(template.get("spec") or {}) is None
-        await self.call(kube.patch_statefulset, namespace, sts_name, patch)
+        await self.call(kube.patch_statefulset, namespace, sts_name, patch + hold_ops(sts, policy.rollout.strategy))
         where = "as a native sidecar" if sidecar.native else "as a container"
         message = (f"{'Injected' if first else 'Updated'} the kafka-cleaner sidecar {where} into StatefulSet "
                    f"{sts_name} (sidecar hash {sidecar.hash})")
@@ -448,6 +533,7 @@ class Operator:
         (all of them when ``keep`` is None)."""
         kube = self._kube()
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        strategy = policy.rollout.strategy if policy is not None else _strategy(body)
         for sts in await self.call(kube.list_statefulsets, namespace):
             sts_name = sts["metadata"]["name"]
             template = (sts.get("spec") or {}).get("template") or {}
@@ -457,7 +543,7 @@ class Operator:
             patch = removal_patch(template, sts["metadata"]["resourceVersion"])
             if patch is None:
                 continue
-            await self.call(kube.patch_statefulset, namespace, sts_name, patch)
+            await self.call(kube.patch_statefulset, namespace, sts_name, patch + hold_ops(sts, strategy))
             message = f"Removed the kafka-cleaner sidecar from StatefulSet {sts_name}"
             kopf.event(body, type="Normal", reason="SidecarRemoved", message=message)
             kopf.event(sts, type="Normal", reason="SidecarRemoved", message=f"{message} (CompactionPolicy {name})")
@@ -473,7 +559,7 @@ class Operator:
             return None
         if pods is None:  # the round stalled before listing them
             try:
-                pods = await self._target_pods(policy, namespace)
+                pods = (await self._target_pods(policy, namespace)).pods
             except Stalled:
                 pods = []
         mine = {pod.name for pod in pods}
@@ -491,7 +577,7 @@ class Operator:
             same_sts = (other.target.stateful_set is not None
                         and other.target.stateful_set == policy.target.stateful_set)
             try:
-                theirs = {pod.name for pod in await self._target_pods(other, namespace)}
+                theirs = {pod.name for pod in (await self._target_pods(other, namespace)).pods}
             except Stalled:
                 theirs = set()
             if same_sts or mine & theirs:
@@ -505,26 +591,37 @@ class Operator:
         return (f"CompactionPolicies {', '.join(sorted(found))} also select {what}: a pod gets the sidecar "
                 "of one policy only; make the targets disjoint")
 
-    async def _target_pods(self, policy: Policy, namespace: str) -> list[BrokerPod]:
+    async def _target_pods(self, policy: Policy, namespace: str) -> Target:
         kube = self._kube()
         target = policy.target
         assert target is not None
+        workload: Workload | None = None
+        obj: dict[str, Any] | None = None
         if target.pod_selector is not None:
             selector = label_selector_string(target.pod_selector)
         else:
+            assert target.stateful_set is not None
             sts = await self.call(kube.read_statefulset, namespace, target.stateful_set)
             if sts is None:
                 if policy.paused:
-                    return []
+                    return Target([], [])
                 raise Stalled("TargetNotFound", f"StatefulSet {target.stateful_set} not found in namespace "
                               f"{namespace}")
+            workload, obj = Workload("StatefulSet", target.stateful_set, namespace), sts
             selector = label_selector_string((sts.get("spec") or {}).get("selector") or {})
             if not selector:
-                return []
-        pods = []
+                return Target([], [], workload, obj)
+        pods, raw = [], []
         for pod in await self.call(kube.list_pods, namespace, selector):
             meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-            if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+            if status.get("phase") in ("Succeeded", "Failed"):
+                continue
+            if workload is None:
+                owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
+                if owner is not None and owner.get("kind") == STRIMZI_PODSET:
+                    workload = Workload(STRIMZI_PODSET, owner["name"], namespace)
+            raw.append(pod)
+            if meta.get("deletionTimestamp"):
                 continue
             found = find_sidecar(pod.get("spec") or {})
             port = None
@@ -534,7 +631,167 @@ class Operator:
             pods.append(BrokerPod(name=meta["name"], ip=pod_address(status), has_sidecar=found is not None,
                                   sidecar_hash=(meta.get("annotations") or {}).get(SIDECAR_HASH_ANNOTATION),
                                   port=port))
-        return pods
+        if workload is not None and workload.kind == STRIMZI_PODSET:
+            obj = await self.call(kube.read_strimzipodset, namespace, workload.name)
+        return Target(pods, raw, workload, obj)
+
+    # -- rollouts --------------------------------------------------------------------------
+
+    async def _roll(self, body: Mapping[str, Any], policy: Policy, target: Target, sidecar: Sidecar | None,
+                    wanted: Sidecar | None, scrapes: Mapping[str, Scrape] | None, previous: Mapping[str, Any],
+                    rollout: dict[str, Any], logger: logging.Logger | logging.LoggerAdapter[Any]) -> Outcome:
+        """One step of the rollout of ``wanted`` (None: no sidecar) to the target's pods, as
+        ``spec.rollout`` says (rollout.py): name what is pending, undo a sidecar that keeps a
+        pod from becoming Ready, take the next paced step, release the StatefulSet when done.
+        Updates ``rollout`` (status.rollout) in place."""
+        workload = target.workload
+        strategy, deadline = policy.rollout.strategy, policy.rollout.progress_deadline_seconds
+        rollout["strategy"] = strategy.value
+        if workload is None:
+            for key in ("pending", "pendingPods", "rolling", "gate"):
+                rollout.pop(key, None)
+            return Outcome()
+        kube, now = self._kube(), self.now()
+        namespace = workload.namespace
+        views = [pod_view(p) for p in target.raw]
+        wanted_hash = wanted.hash if wanted is not None else None
+        waiting = pending([v for v in views if not v.deleting], wanted_hash)
+        sts = target.obj if workload.kind == "StatefulSet" else None
+        rollout["pending"] = len(waiting)
+        rollout["pendingPods"] = [{"pod": v.name, "workload": str(workload), "roll": how_to_roll(workload, v.name, sts)}
+                                  for v in sorted(waiting, key=lambda v: v.name)[:MAX_PENDING_LISTED]]
+        if not waiting:
+            rollout.pop("pendingPods")
+
+        # -- the strategy changed while pods wait: the hold follows it ---------------------------
+        if sts is not None and waiting:
+            ops = rehold_ops(sts, strategy)
+            if ops is not None:
+                sts = await self.call(kube.patch_statefulset, namespace, workload.name, ops)
+                logger.info(f"{workload}: held for rollout.strategy {strategy.value}.")
+
+        # -- a sidecar that keeps its pod from becoming Ready is taken out again ----------------
+        bad = stuck(views, wanted_hash, now, deadline) if sidecar is not None else []
+        if bad:
+            return await self._roll_back(body, policy, workload, sts, bad, wanted_hash, rollout, logger)
+
+        # -- the paced step in progress ----------------------------------------------------------
+        rolling = rollout.get("rolling")
+        if rolling is not None:
+            view = next((v for v in views if v.name == rolling["pod"] and not v.deleting), None)
+            done, why = self._rolled(view, rolling, wanted_hash, scrapes)
+            if done:
+                rollout.pop("rolling")
+                rollout.pop("gate", None)
+                kopf.event(body, type="Normal", reason="BrokerRolled", message=f"{workload}: pod {rolling['pod']} "
+                           "runs the wanted sidecar, is Ready and reports as before its restart")
+            else:
+                rollout["gate"] = why
+                since = datetime.datetime.fromisoformat(rolling["since"].replace("Z", "+00:00"))
+                if (now - since).total_seconds() > deadline:
+                    return Outcome.stalled("RolloutStalled", f"{workload}: pod {rolling['pod']}, restarted at "
+                                           f"{rolling['since']}, has not come back within "
+                                           f"rollout.progressDeadlineSeconds ({deadline}s): {why}")
+                return Outcome()
+
+        # -- the next paced step ------------------------------------------------------------------
+        if strategy is RolloutStrategy.PACED and waiting and scrapes is not None:
+            gate = _gate(views, target.expected, scrapes)
+            rollout["gate"] = gate or "open"
+            if gate is None:
+                if workload.kind == STRIMZI_PODSET:
+                    for view in waiting:
+                        if not view.roll_requested:
+                            await self.call(kube.annotate_pod, namespace, view.name,
+                                            {STRIMZI_MANUAL_ROLLING_UPDATE: "true"})
+                    names = ", ".join(v.name for v in waiting)
+                    kopf.event(body, type="Normal", reason="RollRequested", message=f"{workload}: asked "
+                               f"Strimzi's KafkaRoller to roll {names} ({STRIMZI_MANUAL_ROLLING_UPDATE})")
+                else:
+                    pick = next_to_roll(waiting)
+                    assert pick is not None
+                    before = ((previous.get("brokers") or {}).get(pick.name) or {}).get("partitions")
+                    await self.call(kube.delete_pod, namespace, pick.name, pick.uid)
+                    rollout["rolling"] = {"pod": pick.name, "uid": pick.uid, "since": format_time(now),
+                                          **({"partitionsBefore": before} if before is not None else {})}
+                    message = f"{workload}: deleted pod {pick.name} so that it comes back with the wanted sidecar"
+                    kopf.event(body, type="Normal", reason="RollingBroker", message=message)
+                    logger.info(message + ".")
+                    rollout["gate"] = f"waiting for {pick.name} to come back"
+        elif not waiting:
+            rollout.pop("gate", None)
+
+        # -- done: the StatefulSet gets its own update strategy back ------------------------------
+        # Only once every pod it should have is there and none is on its way out: a pod that is
+        # being replaced must come back under the hold.
+        if sts is not None and not waiting and "rolling" not in rollout and _settled(views, target.expected):
+            ops = release_ops(sts)
+            if ops is not None:
+                await self.call(kube.patch_statefulset, namespace, workload.name, ops)
+                kopf.event(body, type="Normal", reason="RolloutComplete", message=f"{workload}: every pod runs "
+                           "the wanted sidecar; its own updateStrategy is back")
+        return Outcome()
+
+    @staticmethod
+    def _rolled(view: PodView | None, rolling: Mapping[str, Any], wanted: str | None,
+                scrapes: Mapping[str, Scrape] | None) -> tuple[bool, str]:
+        """Whether the broker the operator restarted is back: recreated, Ready, running the
+        wanted sidecar, and (with a sidecar) reporting, scanned, and holding at least as many
+        partitions as before its restart. Else why not."""
+        pod = rolling["pod"]
+        if view is None or view.uid == rolling.get("uid"):
+            return False, f"waiting for {pod} to be recreated"
+        if view.sidecar_hash != wanted:
+            return False, f"{pod} came back without the wanted sidecar"
+        if not view.ready:
+            return False, f"{pod} is not Ready" + (f" ({view.why})" if view.why else "")
+        if wanted is None:
+            return True, ""
+        if scrapes is None:
+            return False, f"waiting for the report of {pod}"
+        scrape = scrapes.get(pod)
+        if scrape is None or scrape.report is None:
+            return False, f"no report from {pod}" + (f": {scrape.error}" if scrape and scrape.error else "")
+        if not scrape.report.get("scannedAt"):
+            return False, f"{pod} has not finished its first scan"
+        held = sum(d["partitions"] for d in scrape.report["logDirs"])
+        before = rolling.get("partitionsBefore")
+        if before is not None and held < before:
+            return False, (f"{pod} reports {held} partitions in its log dirs, {before} before its restart: "
+                           "replicas are missing (under-replicated as far as the reports can tell)")
+        return True, ""
+
+    async def _roll_back(self, body: Mapping[str, Any], policy: Policy, workload: Workload,
+                         sts: Mapping[str, Any] | None, bad: list[PodView], wanted: str | None,
+                         rollout: dict[str, Any], logger: logging.Logger | logging.LoggerAdapter[Any]) -> Outcome:
+        """Take the sidecar out of the template whose pods it keeps from becoming Ready, and
+        delete those pods: a StatefulSet never replaces a pod that is not Ready by itself
+        (Kubernetes' forced-rollback limitation), whatever its template says meanwhile."""
+        kube = self._kube()
+        names = ", ".join(f"{v.name} ({v.why or 'not Ready'})" for v in bad)
+        deadline = policy.rollout.progress_deadline_seconds
+        message = (f"{workload}: pod {names} runs sidecar {wanted} and is not Ready "
+                   f"{deadline}s after its creation (rollout.progressDeadlineSeconds)")
+        if sts is not None:
+            template = (sts.get("spec") or {}).get("template") or {}
+            patch = removal_patch(template, sts["metadata"]["resourceVersion"])
+            if patch is not None:
+                await self.call(kube.patch_statefulset, workload.namespace, workload.name,
+                                patch + hold_ops(sts, policy.rollout.strategy))
+            for view in bad:
+                await self.call(kube.delete_pod, workload.namespace, view.name, view.uid)
+            message += ("; the sidecar was removed from the pod template and the pod deleted, so the broker "
+                        "comes back without it. Fix the sidecar in the spec (image, resources, securityContext) "
+                        "to try again")
+        else:
+            message += ("; the webhook no longer injects this sidecar: delete the pod (or annotate it "
+                        f"{STRIMZI_MANUAL_ROLLING_UPDATE}=true) and it comes back without it. Fix the sidecar "
+                        "in the spec to try again")
+        rollout["rolledBack"] = {"sidecarHash": wanted, "at": format_time(self.now()), "message": message[:4096]}
+        rollout.pop("rolling", None)
+        kopf.event(body, type="Warning", reason="SidecarRolledBack", message=message)
+        logger.warning(message)
+        return Outcome.stalled("SidecarRolledBack", message)
 
     # -- deletion --------------------------------------------------------------------------
 
@@ -546,6 +803,7 @@ class Operator:
         state = self.state(body)
         async with state.lock:
             await self._remove_stale_injections(body, None, keep=None, logger=logger)
+            await self._await_removal(body, logger)
             cm_name = configmap_name(name)
             current = await self.call(kube.read_configmap, namespace, cm_name)
             if current is not None and any(o.get("uid") == meta["uid"]
@@ -558,6 +816,49 @@ class Operator:
                            message="pods the webhook injected keep the sidecar until they are recreated")
         self.policies.pop(meta["uid"], None)
         metrics.forget_policy(namespace, name)
+
+    async def _await_removal(self, body: Mapping[str, Any],
+                             logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        """Deletion follows ``spec.rollout`` too: the finalizer stays until no pod of the
+        StatefulSet runs the sidecar (Paced: the operator rolls them one at a time, while
+        every pod is Ready; Manual and OnDelete: a person does), then the StatefulSet gets its
+        own update strategy back. Polls every reporting interval (an Event names the pods and
+        how to roll them when they change); the operator stopping meanwhile resumes it later."""
+        kube = self._kube()
+        namespace = body["metadata"]["namespace"]
+        target = (body.get("spec") or {}).get("target") or {}
+        sts_name = target.get("statefulSet")
+        if not sts_name or target.get("injection") == Injection.WEBHOOK.value:
+            return
+        workload, strategy, told = Workload("StatefulSet", sts_name, namespace), _strategy(body), ""
+        while True:
+            sts = await self.call(kube.read_statefulset, namespace, sts_name)
+            if sts is None:
+                return
+            selector = label_selector_string((sts.get("spec") or {}).get("selector") or {})
+            views = [pod_view(p) for p in await self.call(kube.list_pods, namespace, selector)] if selector else []
+            # This policy's sidecar only (a pod injected by hand, or by another policy, stays).
+            name = body["metadata"]["name"]
+            waiting = pending([v for v in views if not v.deleting and v.policy == name], None)
+            settled = _settled(views, expected_pod_names(workload, sts))
+            if not waiting and settled:
+                ops = release_ops(sts)
+                if ops is not None:
+                    await self.call(kube.patch_statefulset, namespace, sts_name, ops)
+                return
+            if waiting and strategy is RolloutStrategy.PACED and settled and all(v.ready for v in views):
+                pick = next_to_roll(waiting)
+                assert pick is not None
+                await self.call(kube.delete_pod, namespace, pick.name, pick.uid)
+                logger.info(f"{workload}: deleted pod {pick.name} so that it comes back without the sidecar.")
+            how = "; ".join(f"{v.name}: {how_to_roll(workload, v.name, sts)}" for v in waiting[:MAX_PENDING_LISTED])
+            message = (f"waiting for {len(waiting)} pod(s) of {workload} to be recreated without the sidecar "
+                       f"(rollout.strategy {strategy.value}): {how}")
+            if waiting and message != told and strategy is not RolloutStrategy.PACED:
+                kopf.event(body, type="Normal", reason="AwaitingRollout", message=message)
+                logger.info(message + ".")
+                told = message
+            await asyncio.sleep(_interval(body))
 
     # -- the webhook -----------------------------------------------------------------------
 
@@ -615,12 +916,16 @@ class Operator:
         policy = choice.policy
         if policy is None:
             return
-        image = self.image(policy)
-        if image is None:
+        manifest = next(m for m in manifests if (m.get("metadata") or {}).get("name") == policy.name)
+        rollout = dict((manifest.get("status") or {}).get("rollout") or {})
+        sidecar = await self._expected_sidecar(policy, rollout, strict=False)
+        if sidecar is None:
             warnings.append(f"kafka-cleaner: CompactionPolicy {policy.name} has no sidecar image: no sidecar injected")
             return
-        version = await self.cluster_version()
-        sidecar = build_sidecar(policy, image=image, native=version.native_sidecars)
+        if (rollout.get("rolledBack") or {}).get("sidecarHash") == sidecar.hash:
+            warnings.append(f"kafka-cleaner: the sidecar of CompactionPolicy {policy.name} was rolled back "
+                            "(status.rollout.rolledBack): no sidecar injected")
+            return
         injected = inject_into_pod(pod, sidecar)
 
         def transform(raw: dict[str, Any]) -> None:
@@ -629,6 +934,54 @@ class Operator:
 
         patch.fns.append(transform)
         metrics.WEBHOOK_INJECTIONS.labels(policy.namespace or "", policy.name or "").inc()
+
+
+#: Stalled reasons of a rollout (kafka_cleaner_operator_rollout_stalled).
+ROLLOUT_STALL_REASONS = ("RolloutStalled", "SidecarRolledBack")
+
+
+def _strategy(body: Mapping[str, Any]) -> RolloutStrategy:
+    """``spec.rollout.strategy`` of a manifest (the default when unset or not valid)."""
+    raw = ((body.get("spec") or {}).get("rollout") or {}).get("strategy")
+    try:
+        return RolloutStrategy(raw) if raw else RolloutStrategy.MANUAL
+    except ValueError:
+        return RolloutStrategy.MANUAL
+
+
+def _hint(rollout: Mapping[str, Any]) -> str:
+    """How the pending pods get the wanted sidecar, for the AwaitingRollout condition."""
+    listed = rollout.get("pendingPods") or []
+    if not listed:
+        return ""
+    strategy = rollout.get("strategy")
+    if strategy == RolloutStrategy.PACED.value:
+        return f"; the operator rolls them one at a time ({rollout.get('gate') or 'next round'})"
+    who = "a person or the Kafka operator rolls them" if strategy == RolloutStrategy.MANUAL.value else \
+        "each gets it when it is recreated"
+    return f"; rollout.strategy {strategy}: {who}, e.g. {listed[0]['roll']} (status.rollout.pendingPods)"
+
+
+def _settled(views: Sequence[PodView], expected: Sequence[str] | None) -> bool:
+    """Every pod the workload should have exists and none is being deleted."""
+    present = {v.name for v in views if not v.deleting}
+    return not any(v.deleting for v in views) and all(name in present for name in expected or ())
+
+
+def _gate(views: Sequence[PodView], expected: Sequence[str] | None, scrapes: Mapping[str, Scrape]) -> str | None:
+    """Why the next paced step must wait (None: go): every expected pod exists and is Ready,
+    nobody is being replaced, and every sidecar that runs answers with a valid report."""
+    present = {v.name for v in views}
+    missing = [n for n in expected or () if n not in present]
+    if missing:
+        return f"waiting: {', '.join(missing)} missing"
+    busy = [v.name for v in views if v.deleting or not v.ready]
+    if busy:
+        return f"waiting: {', '.join(busy)} not Ready"
+    silent = [f"{pod} ({s.error})" for pod, s in sorted(scrapes.items()) if s.report is None]
+    if silent:
+        return f"waiting: no report from {', '.join(silent)}"
+    return None
 
 
 def _interval(body: Mapping[str, Any]) -> float:
@@ -738,7 +1091,9 @@ def _register_reconciliation(registry: kopf.OperatorRegistry, op: Operator) -> N
 def _register_webhook(registry: kopf.OperatorRegistry, op: Operator, config: OperatorConfig) -> None:
     @kopf.index(GROUP, VERSION, PLURAL, id="policies", registry=registry)
     def policies(body: kopf.Body, namespace: str, **_: Any) -> dict[str, dict[str, Any]]:
-        return {namespace: _manifest(body)}
+        manifest = _manifest(body)
+        manifest["status"] = {"rollout": dict((body.get("status") or {}).get("rollout") or {})}
+        return {namespace: manifest}
 
     selector = {key: kopf.PRESENT if value is None else value for key, value in config.webhook_object_selector}
 

@@ -169,6 +169,37 @@ class Kube:
                                                       _preload_content=False, _request_timeout=TIMEOUT))
         return list(listing.get("items") or [])
 
+    def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete exactly the pod that was looked at (a precondition on its uid: a pod
+        recreated meanwhile under the same name is left alone); False if it is gone."""
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        try:
+            self.core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False,
+                                            _request_timeout=TIMEOUT)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
+    def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> dict[str, Any]:
+        """A merge patch of the pod's annotations."""
+        return _json(self.core.patch_namespaced_pod(
+            name, namespace, {"metadata": {"annotations": dict(annotations)}}, _preload_content=False,
+            _request_timeout=TIMEOUT, _content_type="application/merge-patch+json"))
+
+    # -- StrimziPodSets --------------------------------------------------------------------
+
+    def read_strimzipodset(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return _json(self.custom.get_namespaced_custom_object(
+                "core.strimzi.io", "v1beta2", namespace, "strimzipodsets", name, _preload_content=False,
+                _request_timeout=TIMEOUT))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     # -- the policy ------------------------------------------------------------------------
 
     def list_policies(self, namespaces: Sequence[str]) -> list[dict[str, Any]]:

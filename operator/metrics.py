@@ -27,6 +27,8 @@ __all__ = [
     "RECONCILE_ERRORS",
     "RECONCILIATIONS",
     "REGISTRY",
+    "ROLLOUT_PENDING_PODS",
+    "ROLLOUT_STALLED",
     "SCRAPE_FAILURES",
     "STALE_BROKERS",
     "WEBHOOK_FAILURES",
@@ -48,8 +50,9 @@ RECONCILE_DURATION = Histogram(_P + "reconcile_duration_seconds", "Duration of o
                                buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 SCRAPE_FAILURES = Counter(_P + "sidecar_scrape_failures", "GET /status of a sidecar that failed (no answer, "
                           "an HTTP error, an invalid document).", ["namespace", "policy", "pod"], registry=REGISTRY)
-BROKERS_EXPECTED = Gauge(_P + "brokers_expected", "Target pods of a policy.", ["namespace", "policy"],
-                         registry=REGISTRY)
+BROKERS_EXPECTED = Gauge(_P + "brokers_expected", "Broker pods of a policy: those its workload should have "
+                         "(spec.replicas, a StrimziPodSet's spec.pods) and any other target pod found.",
+                         ["namespace", "policy"], registry=REGISTRY)
 BROKERS_REPORTING = Gauge(_P + "brokers_reporting", "Target pods whose sidecar report is not stale.",
                           ["namespace", "policy"], registry=REGISTRY)
 STALE_BROKERS = Gauge(_P + "stale_brokers", "Target pods whose sidecar has not reported for 3 intervals.",
@@ -61,13 +64,19 @@ WEBHOOK_FAILURES = Counter(_P + "webhook_failures", "Pod admissions the webhook 
                            registry=REGISTRY)
 WEBHOOK_INJECTIONS = Counter(_P + "webhook_injections", "Pods the admission webhook injected the sidecar into.",
                              ["namespace", "policy"], registry=REGISTRY)
+ROLLOUT_STALLED = Gauge(_P + "rollout_stalled", "1 while the policy's rollout is Stalled (a restarted pod did not "
+                        "come back within rollout.progressDeadlineSeconds, or its sidecar was rolled back).",
+                        ["namespace", "policy"], registry=REGISTRY)
+ROLLOUT_PENDING_PODS = Gauge(_P + "rollout_pending_pods", "Target pods that do not run the wanted sidecar yet "
+                             "(status.rollout.pendingPods).", ["namespace", "policy"], registry=REGISTRY)
 LEADER = Gauge(_P + "leader", "1 while this replica is the elected leader (or leader election is off).",
                registry=REGISTRY)
 
 
 def forget_policy(namespace: str, policy: str) -> None:
     """Drop a deleted policy's gauges (counters stay until the process restarts, as usual)."""
-    for gauge in (BROKERS_EXPECTED, BROKERS_REPORTING, STALE_BROKERS, DIVERGING_PARTITIONS):
+    for gauge in (BROKERS_EXPECTED, BROKERS_REPORTING, STALE_BROKERS, DIVERGING_PARTITIONS, ROLLOUT_STALLED,
+                  ROLLOUT_PENDING_PODS):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, policy)
 

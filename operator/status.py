@@ -322,7 +322,8 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
                  outcome: Outcome, pods: Sequence[BrokerPod] | None,
                  scrapes: Mapping[str, Scrape] | None, sidecar_hash: str | None,
                  now: datetime.datetime, interval_seconds: int = 30,
-                 top_partitions: int = 20, overlap: str | None = None) -> dict[str, Any]:
+                 top_partitions: int = 20, overlap: str | None = None,
+                 expected_pods: Sequence[str] | None = None, rollout_hint: str = "") -> dict[str, Any]:
     """The whole new status (without ``status.kopf``, which is kopf's).
 
     ``pods`` are the target pods (None: not looked up this round, keep the brokers as they
@@ -331,6 +332,10 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
     (None: no target). ``policy`` is None when the spec is invalid. ``overlap``: other
     policies select some of the same pods (the message naming them and the pods), which makes
     the policy Degraded (``OverlappingPolicies``) unless something worse does.
+    ``expected_pods``: the pods the workload should have (from its ``spec.replicas``; None:
+    unknown, the pods found count), so a broker that is missing altogether is named.
+    ``rollout_hint`` is appended to an AwaitingRollout message (how the pending pods get the
+    sidecar).
     """
     previous = previous or {}
     old_brokers: Mapping[str, Mapping[str, Any]] = previous.get("brokers") or {}
@@ -371,10 +376,13 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
             error = scrape.error if scrape is not None and scrape.error else "no report"
             entry["message"] = error[:MAX_BROKER_MESSAGE]
             brokers[pod.name] = entry
+    missing: list[str] = []
     if pods is None:
         expected = int((previous.get("summary") or {}).get("brokersExpected", len(brokers)))
     else:
-        expected = len(pod_view)
+        found = {pod.name for pod in pod_view}
+        missing = sorted(name for name in expected_pods or () if name not in found) if has_target else []
+        expected = len(pod_view) + len(missing)
 
     live = {name: e for name, e in brokers.items() if _has_report(e) and not _is_stale(e)}
     stale = sorted(name for name, e in brokers.items() if _is_stale(e))
@@ -469,11 +477,14 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
         elif awaiting_sidecar:
             waiting = ("AwaitingRollout", f"{_names(awaiting_sidecar)} "
                        f"{'does' if len(awaiting_sidecar) == 1 else 'do'} not run the sidecar yet "
-                       "(waiting for the pods to be recreated)")
+                       "(waiting for the pods to be recreated)" + rollout_hint)
         elif outdated:
             waiting = ("AwaitingRollout", f"{_names(outdated)} "
                        f"{'runs' if len(outdated) == 1 else 'run'} an outdated sidecar "
-                       "(waiting for the pods to be recreated)")
+                       "(waiting for the pods to be recreated)" + rollout_hint)
+        elif missing:
+            waiting = ("BrokersMissing", f"{_names(missing)} {'is' if len(missing) == 1 else 'are'} missing: "
+                       f"the workload wants {expected} pods, {expected - len(missing)} found")
         elif expected == 0:
             waiting = ("NoPods", "no target pods found yet")
         elif never:
@@ -593,15 +604,16 @@ def _condition_view(conditions: Sequence[Mapping[str, Any]]) -> list[tuple[Any, 
 
 def meaningful_change(old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
     """What changed that a reader of the status should see, or None. Meaningful: the
-    generation, ``paused``, a condition's status, reason or message (the dirty ratio quoted in
-    Ready's aside), a broker coming or going, a broker's mode, state, partition counts, policy
-    generation, message, dead threads, turning stale; a byte count or duration moving by more
-    than :data:`RELATIVE_TOLERANCE` (or to or from zero), a ratio by more than
-    :data:`RATIO_TOLERANCE`; the set of top partitions, or one of them moving (offsets
-    exactly: the first dirty offset moves when it is cleaned, and that is news); a partition
-    starting or ceasing to diverge (or on other brokers, or otherwise). Timestamps of reports
-    and scans are not, nor a divergence's detail alone."""
-    for key in ("observedGeneration", "paused"):
+    generation, ``paused``, anything in ``rollout`` (the paced step in flight and the pinned
+    image live there: a round that lost them would roll twice), a condition's status, reason
+    or message (the dirty ratio quoted in Ready's aside), a broker coming or going, a
+    broker's mode, state, partition counts, policy generation, message, dead threads, turning
+    stale; a byte count or duration moving by more than :data:`RELATIVE_TOLERANCE` (or to or
+    from zero), a ratio by more than :data:`RATIO_TOLERANCE`; the set of top partitions, or
+    one of them moving (offsets exactly: the first dirty offset moves when it is cleaned, and
+    that is news); a partition starting or ceasing to diverge (or on other brokers, or
+    otherwise). Timestamps of reports and scans are not, nor a divergence's detail alone."""
+    for key in ("observedGeneration", "paused", "rollout"):  # rollout: the operator's own state, always kept
         if old.get(key) != new.get(key):
             return key
     if _condition_view(old.get("conditions") or []) != _condition_view(new.get("conditions") or []):
@@ -696,6 +708,7 @@ def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[
                 brokers[pod] = entry
         brokers.update({pod: None for pod in old["brokers"] if pod not in new["brokers"]})
         patch["brokers"] = brokers
-    if "summary" in patch and isinstance(old.get("summary"), Mapping):
-        patch["summary"] = {**dict(new["summary"]), **{k: None for k in old["summary"] if k not in new["summary"]}}
+    for key in ("summary", "rollout"):
+        if key in patch and isinstance(old.get(key), Mapping) and isinstance(new.get(key), Mapping):
+            patch[key] = {**dict(new[key]), **{k: None for k in old[key] if k not in new[key]}}
     return {"status": patch}

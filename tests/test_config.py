@@ -519,7 +519,8 @@ def test_to_spec_dict_fills_defaults_and_leaves_out_unset_optionals() -> None:
     assert written["cleaner"]["dedupeBufferSize"] == 134217728
     assert "maxIoBytesPerSecond" not in written["cleaner"]
     assert "target" not in written and "image" not in written["sidecar"]
-    assert set(written) == {"mode", "topics", "cleaner", "stage", "compact", "sidecar", "reporting", "paused"}
+    assert set(written) == {"mode", "topics", "cleaner", "stage", "compact", "sidecar", "reporting", "rollout",
+                            "paused"}
     # Plain YAML types only (the operator writes this into a ConfigMap).
     assert yaml.safe_load(yaml.safe_dump(written)) == written
 

@@ -58,7 +58,8 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 45.0, what: str = ""
 def running_operator(*, expected_warnings: tuple[str, ...] = (), **config: Any) -> Iterator[kopf.testing.KopfRunner]:
     """The operator (this project's registry and settings) in kopf's test runner; its log is
     checked for tracebacks, errors and warnings (other than ``expected_warnings``) when it stops."""
-    operator_config = OperatorConfig(sidecar_image=IMAGE, http_port=0, scrape_timeout=1.0, **config)
+    config.setdefault("sidecar_image", IMAGE)
+    operator_config = OperatorConfig(http_port=0, scrape_timeout=1.0, **config)
     settings = build_settings(operator_config)
     settings.watching.server_timeout = 10
     args = ["run", "--standalone", "--all-namespaces", "--verbose"]

@@ -251,7 +251,8 @@ NAMESPACED = {
     ("kafkacleaner.io", "compactionpolicies/status", "patch")} | {
     ("kafkacleaner.io", "compactionpolicies/finalizers", "update")} | {
     ("apps", "statefulsets", v) for v in ("get", "list", "patch")} | {
-    ("", "pods", v) for v in ("list", "create")} | {  # create: only with dryRun=All (Operator._dry_run)
+    ("", "pods", v) for v in ("list", "create", "patch", "delete")} | {  # create: only with dryRun=All
+    ("core.strimzi.io", "strimzipodsets", "get")} | {
     ("", "configmaps", v) for v in ("get", "create", "update", "delete")} | {
     ("", "events", "create")}
 CRDS = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}
@@ -292,8 +293,9 @@ def test_nothing_broad_or_dangerous_is_granted(helm_template: Render, rbac: Simp
             assert not dangerous & set(rule["resources"]), (grant.source, rule)
             assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"])
             if "pods" in rule["resources"]:
-                # create: the admission dry run, no more than "patch statefulsets" already gives
-                assert set(rule["verbs"]) <= {"list", "create"}
+                # create: the admission dry run, no more than "patch statefulsets" already gives;
+                # patch: an annotation; delete: one paced pod at a time
+                assert set(rule["verbs"]) <= {"list", "create", "patch", "delete"}
 
 
 def test_aggregated_roles_for_users(helm_template: Render) -> None:

@@ -157,7 +157,9 @@ def test_the_real_sidecar_reports_through_the_operator_over_real_rollouts(
         with running_operator():
             target = {"statefulSet": "broker", "dataVolume": "data", "mountPath": "/var/lib/kafka",
                       "logDirs": ["kafka-log*"]}  # fmt: skip
+            # Paced: the operator itself rolls broker-0 (the default, Manual, would restart nothing).
             manifest = policy(POLICY, target=target, sidecar={"port": port}, reporting={"intervalSeconds": 1},
+                              rollout={"strategy": "Paced"},
                               topics=[{"match": "topic-.*", "cleanupPolicy": "compact"}])  # fmt: skip
             manifest["metadata"]["namespace"] = NS
             _apply(plane, manifest)
@@ -268,7 +270,7 @@ def test_the_real_sidecar_reports_through_the_operator_over_real_rollouts(
             assert "kafka_cleaner_operator_reconcile_duration_seconds_count" in text
 
             # -- a sidecar change touches the template: another real rollout ----------------------
-            sidecar.stop()
+            # (The paced step starts while every sidecar reports: the old one still runs.)
             new_port = free_port()
             cluster.patch_spec(POLICY, {"sidecar": {"port": new_port}})
             updated = wait_for(lambda: (t := cluster.sts()["spec"]["template"])["metadata"]["annotations"][
@@ -276,6 +278,7 @@ def test_the_real_sidecar_reports_through_the_operator_over_real_rollouts(
             assert canonical(without_injection(updated)) == canonical(original["spec"]["template"])
             wait_for(lambda: (p := _running_pod(plane, with_sidecar=True)) and find_sidecar(p["spec"])[1]["ports"][0][
                 "containerPort"] == new_port, timeout=TIMEOUT, what="broker-0 with the new port")  # fmt: skip
+            sidecar.stop()
 
             # -- delete: a real rollout removes the sidecar, the ConfigMap goes -------------------
             plane.kubectl("delete", "-n", NS, "compactionpolicy", POLICY, "--wait=true", f"--timeout={int(TIMEOUT)}s")

@@ -1,0 +1,258 @@
+"""How a change of the sidecar reaches the broker pods: pure decisions over plain dicts.
+
+The operator changes a StatefulSet's pod template (injection.py); the StatefulSet controller
+would then roll every broker (``RollingUpdate``, one at a time but blind to Kafka's replicas).
+So in the *same* JSON patch as the template change the operator holds the StatefulSet
+(:func:`hold_ops`), and releases it (:func:`release_ops`) once no pod waits:
+
+* ``Manual``: ``updateStrategy.rollingUpdate.partition`` is raised to ``spec.replicas``, the
+  staged rollout of Kubernetes itself. The new revision exists, no pod moves to it; even a pod
+  deleted by a node drain comes back *unchanged* (an ordinal below the partition is recreated
+  at the current revision), so nothing surprises a person on call. A person rolls by lowering
+  the partition (the controller then rolls the ordinals at or above it, one at a time, waiting
+  for Ready). A StatefulSet that is ``OnDelete`` already is left so: a deleted pod gets it.
+* ``OnDelete`` and ``Paced``: ``updateStrategy.type`` becomes ``OnDelete``; a pod gets the new
+  template when it is recreated, by whoever deletes it (``Paced``: the operator, one at a time).
+
+The StatefulSet's own ``updateStrategy`` is saved in the annotation
+:data:`UPDATE_STRATEGY_ANNOTATION` and put back when every pod runs the wanted sidecar, so the
+StatefulSet ends as its owner wrote it. Argo CD or Flux that re-apply ``updateStrategy`` in
+between release the hold early (the Kafka chart's own strategy then rolls the rest).
+
+Pods of a StrimziPodSet get the sidecar from the webhook when Strimzi creates them; there the
+operator asks Strimzi's KafkaRoller to roll them with the pod annotation
+:data:`STRIMZI_MANUAL_ROLLING_UPDATE` (honoured per pod; KafkaRoller rolls annotated pods one
+after the other in one reconciliation, keeping partitions at or above min ISR, and the new pod
+comes without the annotation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from compaction_operator.injection import POLICY_ANNOTATION, SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION, _pointer
+
+from cleaner.config import RolloutStrategy
+
+__all__ = [
+    "STRIMZI_MANUAL_ROLLING_UPDATE",
+    "UPDATE_STRATEGY_ANNOTATION",
+    "PodView",
+    "Workload",
+    "expected_pod_names",
+    "hold_ops",
+    "how_to_roll",
+    "next_to_roll",
+    "pending",
+    "pod_view",
+    "rehold_ops",
+    "release_ops",
+    "stuck",
+]
+
+UPDATE_STRATEGY_ANNOTATION = "kafkacleaner.io/update-strategy"
+STRIMZI_MANUAL_ROLLING_UPDATE = "strimzi.io/manual-rolling-update"
+STRIMZI_PODSET = "StrimziPodSet"
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What owns the broker pods: a StatefulSet (the operator patches its template) or a
+    StrimziPodSet (the webhook injects, KafkaRoller rolls)."""
+
+    kind: str
+    name: str
+    namespace: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PodView:
+    """A broker pod as the rollout sees it."""
+
+    name: str
+    uid: str
+    ready: bool
+    deleting: bool
+    created: datetime.datetime | None
+    #: ``kafkacleaner.io/sidecar-hash`` (None: no sidecar of ours).
+    sidecar_hash: str | None
+    has_sidecar: bool
+    #: Why it is not Ready, as the kubelet or the scheduler said it (empty when unknown).
+    why: str = ""
+    roll_requested: bool = False
+    #: ``kafkacleaner.io/policy``: whose sidecar it runs.
+    policy: str | None = None
+
+
+def _time(text: str | None) -> datetime.datetime | None:
+    if not text:
+        return None
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView:
+    meta, status, spec = pod.get("metadata") or {}, pod.get("status") or {}, pod.get("spec") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    ready = (conditions.get("Ready") or {}).get("status") == "True"
+    why = ""
+    if not ready:
+        scheduled = conditions.get("PodScheduled") or {}
+        if scheduled.get("status") == "False":
+            why = f"{scheduled.get('reason') or 'Unschedulable'}: {scheduled.get('message') or ''}".strip(": ")
+        for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") and cs.get("name") == SIDECAR_CONTAINER:
+                why = f"container {SIDECAR_CONTAINER}: {waiting['reason']}"
+    annotations = meta.get("annotations") or {}
+    has_sidecar = any(c.get("name") == SIDECAR_CONTAINER
+                      for c in (spec.get("initContainers") or []) + (spec.get("containers") or []))
+    return PodView(name=meta.get("name", ""), uid=meta.get("uid", ""), ready=ready,
+                   deleting=bool(meta.get("deletionTimestamp")), created=_time(meta.get("creationTimestamp")),
+                   sidecar_hash=annotations.get(SIDECAR_HASH_ANNOTATION) if has_sidecar else None,
+                   has_sidecar=has_sidecar, why=why,
+                   roll_requested=annotations.get(STRIMZI_MANUAL_ROLLING_UPDATE) == "true",
+                   policy=annotations.get(POLICY_ANNOTATION) if has_sidecar else None)
+
+
+def expected_pod_names(workload: Workload, obj: Mapping[str, Any]) -> list[str]:
+    """The pods the workload should have: ``<sts>-<ordinal>`` for ``spec.replicas`` ordinals
+    from ``spec.ordinals.start``; a StrimziPodSet lists its pods in ``spec.pods``."""
+    spec = obj.get("spec") or {}
+    if workload.kind == STRIMZI_PODSET:
+        return [str((p.get("metadata") or {}).get("name")) for p in spec.get("pods") or []
+                if (p.get("metadata") or {}).get("name")]
+    replicas = spec.get("replicas")
+    replicas = 1 if replicas is None else int(replicas)
+    start = int((spec.get("ordinals") or {}).get("start") or 0)
+    return [f"{workload.name}-{i}" for i in range(start, start + replicas)]
+
+
+def pending(pods: Sequence[PodView], wanted: str | None) -> list[PodView]:
+    """The pods that do not run the wanted sidecar (``wanted`` None: any sidecar is unwanted)."""
+    return [p for p in pods if p.sidecar_hash != wanted or (wanted is None and p.has_sidecar)]
+
+
+def stuck(pods: Sequence[PodView], wanted: str | None, now: datetime.datetime,
+          deadline_seconds: float) -> list[PodView]:
+    """Pods that run the wanted (new) sidecar, have not become Ready within the deadline since
+    they were created, and whose cause points at the sidecar: the pod cannot be scheduled (the
+    sidecar's requests were added to it) or the sidecar container is waiting (an image that
+    cannot be pulled, a crash loop, a configuration error). A broker that is not Ready for a
+    reason of its own (its own container failing) is never taken for a sidecar problem."""
+    if wanted is None:
+        return []
+    return [p for p in pods if p.sidecar_hash == wanted and not p.ready and not p.deleting and p.why
+            and p.created is not None and (now - p.created).total_seconds() > deadline_seconds]
+
+
+def next_to_roll(waiting: Sequence[PodView]) -> PodView | None:
+    """The StatefulSet controller's order: the highest ordinal first."""
+    def ordinal(p: PodView) -> tuple[int, str]:
+        tail = p.name.rsplit("-", 1)[-1]
+        return (int(tail) if tail.isdigit() else -1, p.name)
+
+    return max(waiting, key=ordinal, default=None)
+
+
+# --------------------------------------------------------------------------------------------
+# Holding and releasing a StatefulSet (JSON patch operations)
+# --------------------------------------------------------------------------------------------
+
+
+def _held_strategy(sts: Mapping[str, Any], strategy: RolloutStrategy) -> dict[str, Any] | None:
+    spec = sts.get("spec") or {}
+    current = spec.get("updateStrategy") or {}
+    if current.get("type", "RollingUpdate") == "OnDelete":
+        return None  # nothing rolls by itself already
+    if strategy is RolloutStrategy.MANUAL:
+        replicas = spec.get("replicas")
+        replicas = 1 if replicas is None else int(replicas)
+        rolling = dict(current.get("rollingUpdate") or {})
+        rolling["partition"] = max(replicas, int(rolling.get("partition") or 0))
+        return {"type": "RollingUpdate", "rollingUpdate": rolling}
+    return {"type": "OnDelete"}
+
+
+def hold_ops(sts: Mapping[str, Any], strategy: RolloutStrategy) -> list[dict[str, Any]]:
+    """Operations that keep the StatefulSet controller from rolling the template change that
+    goes with them (the module docstring says how), saving its own strategy once."""
+    annotations = (sts.get("metadata") or {}).get("annotations") or {}
+    held = _held_strategy(sts, strategy)
+    if held is None:
+        return []
+    ops: list[dict[str, Any]] = []
+    if UPDATE_STRATEGY_ANNOTATION not in annotations:
+        original = json.dumps((sts.get("spec") or {}).get("updateStrategy") or {}, sort_keys=True)
+        if not annotations:
+            ops.append({"op": "add", "path": "/metadata/annotations",
+                        "value": {UPDATE_STRATEGY_ANNOTATION: original}})
+        else:
+            ops.append({"op": "add", "path": f"/metadata/annotations/{_pointer(UPDATE_STRATEGY_ANNOTATION)}",
+                        "value": original})
+    ops.append({"op": "add", "path": "/spec/updateStrategy", "value": held})
+    return ops
+
+
+def rehold_ops(sts: Mapping[str, Any], strategy: RolloutStrategy) -> list[dict[str, Any]] | None:
+    """Operations that change a held StatefulSet's hold to the one ``strategy`` asks for (the
+    policy's strategy changed while pods wait: a paced deletion under a Manual partition would
+    bring the pod back unchanged), or None when it is right already or not held."""
+    saved = ((sts.get("metadata") or {}).get("annotations") or {}).get(UPDATE_STRATEGY_ANNOTATION)
+    if saved is None:
+        return None
+    try:
+        original = json.loads(saved)
+    except ValueError:
+        original = {}
+    base = {**sts, "spec": {**(sts.get("spec") or {}), "updateStrategy": original}}
+    wanted = _held_strategy(base, strategy) or original
+    if (sts.get("spec") or {}).get("updateStrategy") == wanted:
+        return None
+    path = f"/metadata/annotations/{_pointer(UPDATE_STRATEGY_ANNOTATION)}"
+    return [{"op": "test", "path": path, "value": saved}, {"op": "add", "path": "/spec/updateStrategy",
+                                                           "value": wanted}]
+
+
+def release_ops(sts: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """Operations that put the StatefulSet's own ``updateStrategy`` back (None: not held)."""
+    annotations = (sts.get("metadata") or {}).get("annotations") or {}
+    saved = annotations.get(UPDATE_STRATEGY_ANNOTATION)
+    if saved is None:
+        return None
+    try:
+        original = json.loads(saved)
+    except ValueError:
+        original = {}
+    # A test of the annotation, not of the resourceVersion: the StatefulSet controller writes
+    # the status right after every template change, and a release is right whatever it wrote.
+    path = f"/metadata/annotations/{_pointer(UPDATE_STRATEGY_ANNOTATION)}"
+    ops: list[dict[str, Any]] = [{"op": "test", "path": path, "value": saved}, {"op": "remove", "path": path}]
+    if original:
+        ops.append({"op": "add", "path": "/spec/updateStrategy", "value": original})
+    elif "updateStrategy" in (sts.get("spec") or {}):
+        # The API server defaults an absent strategy to RollingUpdate/partition 0: the same.
+        ops.append({"op": "add", "path": "/spec/updateStrategy",
+                    "value": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}})
+    return ops
+
+
+def how_to_roll(workload: Workload, pod: str, sts: Mapping[str, Any] | None) -> str:
+    """The command that rolls ``pod`` as the held workload allows it (for the status)."""
+    ns = workload.namespace
+    if workload.kind == STRIMZI_PODSET:
+        return f"kubectl annotate pod -n {ns} {pod} {STRIMZI_MANUAL_ROLLING_UPDATE}=true"
+    strategy = ((sts or {}).get("spec") or {}).get("updateStrategy") or {}
+    partition = (strategy.get("rollingUpdate") or {}).get("partition")
+    tail = pod.rsplit("-", 1)[-1]
+    if strategy.get("type", "RollingUpdate") == "RollingUpdate" and partition and tail.isdigit():
+        patch = json.dumps({"spec": {"updateStrategy": {"rollingUpdate": {"partition": int(tail)}}}},
+                           separators=(",", ":"))
+        return f"kubectl patch statefulset -n {ns} {workload.name} --type merge -p '{patch}'"
+    return f"kubectl delete pod -n {ns} {pod}"

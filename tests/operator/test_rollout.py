@@ -1,0 +1,168 @@
+"""The rollout's pure decisions (operator/rollout.py): holding and releasing a StatefulSet,
+which pods wait, which are stuck, the order of a paced roll, and how a person rolls a pod."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+import jsonpatch
+from compaction_operator.handlers import Operator, _gate
+from compaction_operator.injection import SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION
+from compaction_operator.rollout import (
+    STRIMZI_MANUAL_ROLLING_UPDATE,
+    UPDATE_STRATEGY_ANNOTATION,
+    Workload,
+    expected_pod_names,
+    hold_ops,
+    how_to_roll,
+    next_to_roll,
+    pending,
+    pod_view,
+    rehold_ops,
+    release_ops,
+    stuck,
+)
+from compaction_operator.status import BrokerPod, Outcome, Scrape, build_status
+from operator_samples import make_policy, make_report
+
+from cleaner.config import RolloutStrategy
+
+NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
+
+
+def sts(strategy: dict[str, Any] | None = None, replicas: int = 3) -> dict[str, Any]:
+    spec: dict[str, Any] = {"replicas": replicas, "template": {}}
+    if strategy is not None:
+        spec["updateStrategy"] = strategy
+    return {"metadata": {"name": "kafka", "resourceVersion": "7"}, "spec": spec}
+
+
+def pod(name: str, *, hash_: str | None = "new", ready: bool = True, age: float = 5.0,
+        why: dict[str, Any] | None = None) -> dict[str, Any]:
+    created = (NOW - datetime.timedelta(seconds=age)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    spec: dict[str, Any] = {"containers": [{"name": "kafka"}]}
+    annotations = {}
+    if hash_ is not None:
+        spec["initContainers"] = [{"name": SIDECAR_CONTAINER}]
+        annotations[SIDECAR_HASH_ANNOTATION] = hash_
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if why is not None:
+        conditions.append(why)
+    return {"metadata": {"name": name, "uid": f"uid-{name}", "creationTimestamp": created,
+                         "annotations": annotations},
+            "spec": spec, "status": {"conditions": conditions}}
+
+
+def test_manual_holds_a_rolling_update_with_the_partition_and_release_restores_it() -> None:
+    original = sts({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}})
+    held = jsonpatch.apply_patch(original, hold_ops(original, RolloutStrategy.MANUAL))
+    assert held["spec"]["updateStrategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxUnavailable": 1, "partition": 3}}
+    saved = json.loads(held["metadata"]["annotations"][UPDATE_STRATEGY_ANNOTATION])
+    assert saved == original["spec"]["updateStrategy"]
+    # A second change while held keeps the first saved strategy.
+    again = jsonpatch.apply_patch(held, hold_ops(held, RolloutStrategy.MANUAL))
+    assert again["metadata"]["annotations"][UPDATE_STRATEGY_ANNOTATION] == held["metadata"]["annotations"][
+        UPDATE_STRATEGY_ANNOTATION]
+    released = jsonpatch.apply_patch(again, release_ops(again))
+    assert released["spec"]["updateStrategy"] == original["spec"]["updateStrategy"]
+    assert UPDATE_STRATEGY_ANNOTATION not in released["metadata"]["annotations"]
+    assert release_ops(released) is None
+
+
+def test_paced_and_ondelete_hold_with_ondelete_and_an_ondelete_statefulset_is_left_alone() -> None:
+    for strategy in (RolloutStrategy.PACED, RolloutStrategy.ON_DELETE):
+        held = jsonpatch.apply_patch(sts(), hold_ops(sts(), strategy))
+        assert held["spec"]["updateStrategy"] == {"type": "OnDelete"}
+        back = jsonpatch.apply_patch(held, release_ops(held))
+        assert "updateStrategy" not in back["spec"] or back["spec"]["updateStrategy"]["rollingUpdate"] == {
+            "partition": 0}
+    assert hold_ops(sts({"type": "OnDelete"}), RolloutStrategy.MANUAL) == []
+
+
+def test_a_changed_strategy_changes_the_hold() -> None:
+    original = sts({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}})
+    manual = jsonpatch.apply_patch(original, hold_ops(original, RolloutStrategy.MANUAL))
+    assert rehold_ops(manual, RolloutStrategy.MANUAL) is None
+    paced = jsonpatch.apply_patch(manual, rehold_ops(manual, RolloutStrategy.PACED))
+    assert paced["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    back = jsonpatch.apply_patch(paced, rehold_ops(paced, RolloutStrategy.MANUAL))
+    assert back["spec"]["updateStrategy"] == manual["spec"]["updateStrategy"]
+    assert rehold_ops(original, RolloutStrategy.PACED) is None  # not held: nothing to change
+    assert jsonpatch.apply_patch(paced, release_ops(paced))["spec"]["updateStrategy"] == original["spec"][
+        "updateStrategy"]
+
+
+def test_pending_stuck_and_order() -> None:
+    views = [pod_view(p) for p in (
+        pod("kafka-0", hash_=None), pod("kafka-1", hash_="old"), pod("kafka-2"),
+        pod("kafka-10", ready=False, age=700, why={"type": "PodScheduled", "status": "False",
+                                                   "reason": "Unschedulable", "message": "Insufficient cpu"}))]
+    assert [v.name for v in pending(views, "new")] == ["kafka-0", "kafka-1"]
+    assert [v.name for v in pending(views, None)] == ["kafka-1", "kafka-2", "kafka-10"]
+    [bad] = stuck(views, "new", NOW, 600)
+    assert bad.name == "kafka-10" and bad.why == "Unschedulable: Insufficient cpu"
+    assert stuck(views, "new", NOW, 800) == [] and stuck(views, None, NOW, 1) == []
+    # Not Ready because of the broker's own container: never the sidecar's fault.
+    broker_down = pod("kafka-3", ready=False, age=700)
+    broker_down["status"]["containerStatuses"] = [{"name": "kafka", "state": {"waiting": {
+        "reason": "CrashLoopBackOff"}}}]
+    assert stuck([pod_view(broker_down)], "new", NOW, 600) == []
+    pull = pod("kafka-4", ready=False, age=700)
+    pull["status"]["initContainerStatuses"] = [{"name": SIDECAR_CONTAINER, "state": {"waiting": {
+        "reason": "ImagePullBackOff"}}}]
+    assert [v.why for v in stuck([pod_view(pull)], "new", NOW, 600)] == [
+        f"container {SIDECAR_CONTAINER}: ImagePullBackOff"]
+    assert next_to_roll(views).name == "kafka-10"  # by ordinal, not by name
+
+
+def test_expected_pods_and_how_to_roll() -> None:
+    workload = Workload("StatefulSet", "kafka", "brokers")
+    assert expected_pod_names(workload, sts(replicas=2)) == ["kafka-0", "kafka-1"]
+    assert expected_pod_names(workload, {"spec": {"replicas": 2, "ordinals": {"start": 3}}}) == ["kafka-3", "kafka-4"]
+    held = jsonpatch.apply_patch(sts(), hold_ops(sts(), RolloutStrategy.MANUAL))
+    assert how_to_roll(workload, "kafka-2", held) == (
+        "kubectl patch statefulset -n brokers kafka --type merge -p "
+        "'{\"spec\":{\"updateStrategy\":{\"rollingUpdate\":{\"partition\":2}}}}'")
+    assert how_to_roll(workload, "kafka-2", sts({"type": "OnDelete"})) == "kubectl delete pod -n brokers kafka-2"
+    strimzi = Workload("StrimziPodSet", "my-cluster-kafka", "kafka")
+    assert expected_pod_names(strimzi, {"spec": {"pods": [{"metadata": {"name": "my-cluster-kafka-0"}}]}}) == [
+        "my-cluster-kafka-0"]
+    assert how_to_roll(strimzi, "my-cluster-kafka-0", None) == (
+        f"kubectl annotate pod -n kafka my-cluster-kafka-0 {STRIMZI_MANUAL_ROLLING_UPDATE}=true")
+
+
+def test_a_missing_broker_is_named_from_the_workload_replicas() -> None:
+    status = build_status(policy=make_policy(), generation=3, previous=None, outcome=Outcome(),
+                          pods=[BrokerPod("kafka-0", sidecar_hash="h")], scrapes=None, sidecar_hash="h",
+                          now=NOW, expected_pods=["kafka-0", "kafka-1"])
+    assert status["summary"]["brokersExpected"] == 2
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "BrokersMissing" and "kafka-1" in ready["message"]
+
+
+def test_a_paced_step_is_done_only_when_the_rolled_broker_is_back_whole() -> None:
+    rolling = {"pod": "kafka-2", "uid": "old", "since": "2026-01-01T11:59:00Z", "partitionsBefore": 120}
+    back = pod_view(pod("kafka-2"))
+    report = make_report("kafka-2")  # 120 partitions in its log dir, scanned
+    assert Operator._rolled(back, rolling, "new", {"kafka-2": Scrape(report=report)}) == (True, "")
+    assert Operator._rolled(pod_view({**pod("kafka-2"), "metadata": {**pod("kafka-2")["metadata"], "uid": "old"}}),
+                            rolling, "new", {})[1] == "waiting for kafka-2 to be recreated"
+    assert "not Ready" in Operator._rolled(pod_view(pod("kafka-2", ready=False)), rolling, "new", {})[1]
+    fewer = make_report("kafka-2")
+    fewer["logDirs"][0]["partitions"] = 119
+    done, why = Operator._rolled(back, rolling, "new", {"kafka-2": Scrape(report=fewer)})
+    assert not done and "reports 119 partitions in its log dirs, 120 before its restart" in why
+    unscanned = {**report, "scannedAt": None}
+    assert not Operator._rolled(back, rolling, "new", {"kafka-2": Scrape(report=unscanned)})[0]
+    assert not Operator._rolled(back, rolling, "new", {"kafka-2": Scrape(error="refused")})[0]
+    # Removing the sidecar: back without it and Ready is enough (no report to wait for).
+    assert Operator._rolled(pod_view(pod("kafka-2", hash_=None)), rolling, None, None) == (True, "")
+
+    views = [pod_view(pod(f"kafka-{i}")) for i in range(3)]
+    assert _gate(views, ["kafka-0", "kafka-1", "kafka-2"], {}) is None
+    assert _gate(views, ["kafka-0", "kafka-1", "kafka-2", "kafka-3"], {}) == "waiting: kafka-3 missing"
+    assert _gate([*views[:2], pod_view(pod("kafka-2", ready=False))], None, {}) == "waiting: kafka-2 not Ready"
+    assert _gate(views, None, {"kafka-1": Scrape(error="timeout")}) == "waiting: no report from kafka-1 (timeout)"
