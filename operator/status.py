@@ -47,7 +47,7 @@ import jsonschema
 from compaction_operator.divergence import MAX_DIVERGING, diverging_partitions
 from compaction_operator.sidecar_schema import SCHEMA, VERSION
 
-from cleaner.config import Policy
+from cleaner.config import Policy, RolloutStrategy
 
 __all__ = [
     "CONDITION_TYPES",
@@ -81,6 +81,9 @@ MAX_CONDITION_MESSAGE = 32768
 STATUS_BUDGET = 200 * 1024
 #: Pods named in a condition message before "and N more".
 MAX_NAMED_PODS = 10
+AWAITING_MANUAL_ROLLOUT = "AwaitingManualRollout"
+"""The reason while pods wait for a roll the operator does not make (``rollout.strategy``
+Manual or OnDelete): Ready is False, Reconciling False."""
 CONDITION_TYPES = ("Ready", "Reconciling", "Stalled", "Degraded", "ReplicasDiverge")
 #: The one reason for a condition that holds (Stalled=False and so on) when nothing is wrong.
 RECONCILED = "Reconciled"
@@ -472,14 +475,19 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
     else:
         put("Stalled", False, RECONCILED, "")
         waiting: tuple[str, str] | None = None
+        # Pods waiting for a roll that a person or the Kafka operator makes (Manual, OnDelete)
+        # are no work in progress of the operator: Reconciling stays False, so that kstatus
+        # (Flux's wait: true) settles, and Argo CD shows the policy Suspended, not Degraded.
+        paced = policy is not None and policy.rollout.strategy is RolloutStrategy.PACED
+        awaiting = "AwaitingRollout" if paced else AWAITING_MANUAL_ROLLOUT
         if not has_target:
             pass
         elif awaiting_sidecar:
-            waiting = ("AwaitingRollout", f"{_names(awaiting_sidecar)} "
+            waiting = (awaiting, f"{_names(awaiting_sidecar)} "
                        f"{'does' if len(awaiting_sidecar) == 1 else 'do'} not run the sidecar yet "
                        "(waiting for the pods to be recreated)" + rollout_hint)
         elif outdated:
-            waiting = ("AwaitingRollout", f"{_names(outdated)} "
+            waiting = (awaiting, f"{_names(outdated)} "
                        f"{'runs' if len(outdated) == 1 else 'run'} an outdated sidecar "
                        "(waiting for the pods to be recreated)" + rollout_hint)
         elif missing:
@@ -496,7 +504,7 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
         if paused:
             put("Reconciling", False, outcome.reason, outcome.message)
         elif waiting is not None and not stale:
-            put("Reconciling", True, *waiting)
+            put("Reconciling", waiting[0] != AWAITING_MANUAL_ROLLOUT, *waiting)
         else:
             put("Reconciling", False, RECONCILED, "")
         suffix = " (paused)" if paused else ""

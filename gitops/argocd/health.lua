@@ -12,6 +12,8 @@
 --   Degraded     condition Stalled=True (the operator gave up on this generation)
 --   Progressing  condition Reconciling=True (the operator is still working on it; a Ready=False
 --                meanwhile is expected, as kstatus and Flux also read it)
+--   Suspended    condition Ready=False with reason AwaitingManualRollout (rollout.strategy Manual
+--                or OnDelete: pods wait for a roll a person or the Kafka operator makes)
 --   Degraded     condition Ready=False, or Degraded=True
 --   Progressing  Ready=True but observed at an older generation than metadata.generation
 --   Healthy      Ready=True at the current generation
@@ -81,6 +83,11 @@ end
 if is(reconciling, "True") then
   hs.status = "Progressing"
   hs.message = describe(reconciling, "Reconciling")
+  return hs
+end
+if is(ready, "False") and ready.reason == "AwaitingManualRollout" then
+  hs.status = "Suspended"
+  hs.message = describe(ready, "Waiting for a manual rollout")
   return hs
 end
 if is(ready, "False") then

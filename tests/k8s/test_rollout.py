@@ -217,7 +217,8 @@ def test_manual_restarts_nothing_names_the_pending_pods_and_pins_the_image(clust
             "kubectl patch statefulset -n rollout broker --type merge -p "
             "'{\"spec\":{\"updateStrategy\":{\"rollingUpdate\":{\"partition\":1}}}}'")
         reconciling = cluster.condition("manual", "Reconciling")
-        assert reconciling["reason"] == "AwaitingRollout" and "rollout.strategy Manual" in reconciling["message"]
+        assert (reconciling["status"], reconciling["reason"]) == ("False", "AwaitingManualRollout")
+        assert "rollout.strategy Manual" in reconciling["message"]
         assert _gauge("rollout_pending_pods", "manual") == 2
         time.sleep(2)  # a few reconciliations more: still nothing restarts
         assert _uids(_pods(cluster)) == _uids(before)

@@ -195,11 +195,18 @@ def test_a_pod_that_never_answered_is_awaited_then_degraded(validate_status: Val
 def test_pods_without_the_sidecar_or_with_an_old_one_are_awaited() -> None:
     pod_list = [BrokerPod("kafka-0", ip="10.0.0.1", has_sidecar=False),
                 BrokerPod("kafka-1", ip="10.0.0.2", sidecar_hash=HASH)]
+    # Manual (the default): the roll is a person's or the Kafka operator's, not in progress here.
     status = round_(None, {"kafka-1": ok("kafka-1")}, pod_list=pod_list)
     reconciling = condition(status, "Reconciling")
-    assert (reconciling["status"], reconciling["reason"]) == ("True", "AwaitingRollout")
+    assert (reconciling["status"], reconciling["reason"]) == ("False", "AwaitingManualRollout")
     assert reconciling["message"].startswith("kafka-0 does not run the sidecar yet")
-    assert condition(status, "Ready")["status"] == "False"
+    assert (condition(status, "Ready")["status"], condition(status, "Ready")["reason"]) == (
+        "False", "AwaitingManualRollout")
+    # Paced: the operator rolls them itself, so it is reconciling.
+    paced = round_(None, {"kafka-1": ok("kafka-1")}, pod_list=pod_list,
+                   policy=make_policy(rollout={"strategy": "Paced"}))
+    assert (condition(paced, "Reconciling")["status"], condition(paced, "Reconciling")["reason"]) == (
+        "True", "AwaitingRollout")
     assert status["summary"]["brokers"] == "1/2" and "kafka-0" not in status["brokers"]
 
     pod_list = [BrokerPod("kafka-0", ip="10.0.0.1", sidecar_hash="old"), BrokerPod("kafka-1", sidecar_hash=HASH)]
