@@ -165,6 +165,9 @@ class Operator:
         #: the webhook server listen (:func:`compaction_operator.webhook.webhook_server`'s gate),
         #: and only then is the replica ready (main.py's /readyz).
         self.webhook_ready = webhook_ready or threading.Event()
+        """Set while the webhook server listens (it starts once the policies are indexed)."""
+        self.policies_indexed = threading.Event()
+        """Set once kopf's policy index holds every policy the API server lists."""
         self.index_watch: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self.kube: Kube | None = None
@@ -221,10 +224,10 @@ class Operator:
         return self.version
 
     async def await_policies_indexed(self, index: Mapping[str, Any], poll: float = 0.2) -> None:
-        """Set ``webhook_ready`` once kopf's policy index holds every policy the API server
-        lists (kopf fills its index from a watch of its own and says nothing when the first
-        listing is in; a webhook answering before that would admit broker pods without the
-        sidecar of a policy it has not seen yet). Listed again until then: a policy deleted
+        """Set ``policies_indexed`` (the webhook server's gate) once kopf's policy index holds
+        every policy the API server lists (kopf fills its index from a watch of its own and says
+        nothing when the first listing is in; a webhook answering before that would admit broker
+        pods without the sidecar of a policy it has not seen yet). Listed again until then: a policy deleted
         meanwhile is no longer waited for."""
         while True:
             try:
@@ -238,7 +241,7 @@ class Operator:
                            if not any((m.get("metadata") or {}).get("name") == name for m in index.get(ns, []))]
                 if not missing:
                     log.info("The webhook's policy index holds all %d policies: serving the webhook.", len(listed))
-                    self.webhook_ready.set()
+                    self.policies_indexed.set()
                     return
             await asyncio.sleep(poll if listed is not None else 1.0)
 
@@ -1001,7 +1004,9 @@ def build_settings(config: OperatorConfig, settings: kopf.OperatorSettings | Non
     # own Normal events explicitly (kopf.event), so rounds every few seconds do not flood.
     settings.posting.level = logging.WARNING
     if config.webhook_enabled:
-        settings.admission.server = webhook_server(config, gate=operator.webhook_ready if operator else None)
+        settings.admission.server = webhook_server(
+            config, gate=operator.policies_indexed if operator else None,
+            listening=operator.webhook_ready if operator else None)
         # Never kopf's: the chart deploys the configuration, or the server publishes the
         # operator's own (webhook.webhook_configuration, the chart's field for field).
         settings.admission.managed = None
@@ -1036,6 +1041,7 @@ def build_registry(config: OperatorConfig, operator: Operator | None = None, *,
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
         op.webhook_ready.clear()
+        op.policies_indexed.clear()
         if op.index_watch is not None:
             op.index_watch.cancel()
         await op.stop()

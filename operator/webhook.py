@@ -159,21 +159,25 @@ def _publish(config: OperatorConfig, client_config: Mapping[str, Any]) -> None:
 
 
 class GatedWebhookServer(kopf.WebhookServer):
-    """kopf's webhook server, listening only once ``gate`` is set (None: at once), and calling
+    """kopf's webhook server, listening only once ``gate`` is set (None: at once), setting
+    ``listening`` once it listens (kopf announces its client configuration only after its
+    site has started: /readyz must not say ready before a call can connect), and calling
     ``publish`` with every client configuration it announces (the operator's own
     MutatingWebhookConfiguration)."""
 
     GATE_POLL_SECONDS = 0.05
 
-    def __init__(self, *, gate: threading.Event | None = None,
+    def __init__(self, *, gate: threading.Event | None = None, listening: threading.Event | None = None,
                  publish: Callable[[Mapping[str, Any]], None] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.gate, self.publish = gate, publish
+        self.gate, self.listening, self.publish = gate, listening, publish
 
     async def __call__(self, fn: Any) -> AsyncIterator[Any]:
         while self.gate is not None and not self.gate.is_set():
             await asyncio.sleep(self.GATE_POLL_SECONDS)
         async for config in self._configs(fn):
+            if self.listening is not None:
+                self.listening.set()
             if self.publish is not None:
                 await asyncio.to_thread(self.publish, config)
             yield config
@@ -201,10 +205,12 @@ class ServiceWebhookServer(GatedWebhookServer):
             yield out
 
 
-def webhook_server(config: OperatorConfig, *, gate: threading.Event | None = None) -> kopf.WebhookServer:
+def webhook_server(config: OperatorConfig, *, gate: threading.Event | None = None,
+                   listening: threading.Event | None = None) -> kopf.WebhookServer:
     """The webhook server the configuration asks for (TLS from the mounted files), listening
-    once ``gate`` is set."""
-    common: dict[str, Any] = {"addr": config.webhook_addr, "port": config.webhook_port, "gate": gate}
+    once ``gate`` is set, and setting ``listening`` when it does."""
+    common: dict[str, Any] = {"addr": config.webhook_addr, "port": config.webhook_port, "gate": gate,
+                              "listening": listening}
     if config.webhook_configuration:
         common["publish"] = functools.partial(_publish, config)
     if config.webhook_insecure:
