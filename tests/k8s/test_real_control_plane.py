@@ -243,7 +243,8 @@ def test_the_sidecar_gets_no_service_account_token_and_the_broker_keeps_its_own(
     """The API server's ServiceAccount admission mounts the pod's token into every container
     with nothing at the token path: the injected sidecar has the policy volume there, so it
     gets none (it calls no Kubernetes API); the broker's container gets its token as before."""
-    broker = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "kafka-0", "namespace": "default"},
+    # generateName: a dry-run create of a name in use is AlreadyExists, and other tests have a kafka-0.
+    broker = {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "token-", "namespace": "default"},
               "spec": {"containers": [{"name": "kafka", "image": "apache/kafka:4.1.0",
                                        "volumeMounts": [{"name": "data", "mountPath": "/var/lib/kafka"}]}],
                        "volumes": [{"name": "data", "emptyDir": {}}]}}  # fmt: skip

@@ -422,7 +422,7 @@ def test_a_pod_admission_would_refuse_is_never_rolled_out_and_the_reason_is_repo
     monkeypatch.setitem(injection.RESTRICTED_SECURITY_CONTEXT, "allowPrivilegeEscalation", True)
     with running_operator():
         target = {"statefulSet": "broker", "dataVolume": "data", "mountPath": "/var/lib/kafka", "logDirs": ["data"]}
-        manifest = policy("guarded", target=target, reporting={"intervalSeconds": 1},
+        manifest = policy("guarded", target=target, reporting={"intervalSeconds": 1}, rollout={"strategy": "Paced"},
                           sidecar={"imagePullSecrets": ["broker-pull", "cleaner-pull"]})
         manifest["metadata"]["namespace"] = ns
         path.write_text(yaml.safe_dump(manifest))
@@ -525,7 +525,7 @@ def test_a_dry_run_refused_for_the_broker_itself_says_the_sidecar_is_not_the_cau
     original = cluster.sts()
     with running_operator():
         target = {"statefulSet": "broker", "dataVolume": "data", "mountPath": "/var/lib/kafka", "logDirs": ["data"]}
-        manifest = policy("quota", target=target, reporting={"intervalSeconds": 1})
+        manifest = policy("quota", target=target, reporting={"intervalSeconds": 1}, rollout={"strategy": "Paced"})
         manifest["metadata"]["namespace"] = ns
         path.write_text(yaml.safe_dump(manifest))
         plane.kubectl("apply", "-f", str(path))
