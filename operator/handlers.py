@@ -60,6 +60,7 @@ from compaction_operator.rollout import (
     STRIMZI_PODSET,
     PodView,
     Workload,
+    controller_caught_up,
     expected_pod_names,
     hold_ops,
     how_to_roll,
@@ -710,6 +711,10 @@ class Operator:
                     names = ", ".join(v.name for v in waiting)
                     kopf.event(body, type="Normal", reason="RollRequested", message=f"{workload}: asked "
                                f"Strimzi's KafkaRoller to roll {names} ({STRIMZI_MANUAL_ROLLING_UPDATE})")
+                elif sts is not None and not controller_caught_up(sts):
+                    # A pod deleted before the StatefulSet controller has seen the new template
+                    # comes back from the old one, still waiting: it would be rolled twice.
+                    rollout["gate"] = "the StatefulSet controller has not observed the new template yet"
                 else:
                     pick = next_to_roll(waiting)
                     assert pick is not None

@@ -43,6 +43,7 @@ __all__ = [
     "UPDATE_STRATEGY_ANNOTATION",
     "PodView",
     "Workload",
+    "controller_caught_up",
     "expected_pod_names",
     "hold_ops",
     "how_to_roll",
@@ -256,3 +257,11 @@ def how_to_roll(workload: Workload, pod: str, sts: Mapping[str, Any] | None) -> 
                            separators=(",", ":"))
         return f"kubectl patch statefulset -n {ns} {workload.name} --type merge -p '{patch}'"
     return f"kubectl delete pod -n {ns} {pod}"
+
+
+def controller_caught_up(sts: Mapping[str, Any]) -> bool:
+    """Whether the StatefulSet controller has observed the StatefulSet's current spec (what
+    ``kubectl rollout status`` checks first): only then does a deleted pod come back from the
+    current template."""
+    observed = (sts.get("status") or {}).get("observedGeneration")
+    return observed is not None and observed >= (sts.get("metadata") or {}).get("generation", 0)

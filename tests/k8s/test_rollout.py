@@ -334,9 +334,11 @@ def test_paced_rolls_one_broker_at_a_time_and_waits_for_the_reports(cluster: Api
 
             # -- a rolled broker reports fewer partitions than before: the roll waits ---------------
             cluster.patch_spec("paced", {"sidecar": {"port": port, "resources": {"requests": {"cpu": "10m"}}}})
-            rolling = wait_for(lambda: cluster.status("paced").get("rollout", {}).get("rolling"), timeout=TIMEOUT,
-                               what="a paced step")  # fmt: skip
-            assert rolling["pod"] == "broker-2" and rolling["partitionsBefore"] == 4
+            # The StatefulSet's strategy comes back in the round that ends the last step, a moment
+            # before that round's status: wait for this roll's step (the order is checked below).
+            rolling = wait_for(lambda: (r := cluster.status("paced").get("rollout", {}).get("rolling"))
+                               and r["pod"] == "broker-2" and r, timeout=TIMEOUT, what="a paced step")  # fmt: skip
+            assert rolling["partitionsBefore"] == 4
             fake.partitions = 3
             gate = wait_for(lambda: "replicas are missing" in (g := cluster.status("paced")["rollout"].get(
                 "gate", "")) and g, timeout=TIMEOUT, what="the gate closed by the report")  # fmt: skip

@@ -14,6 +14,7 @@ from compaction_operator.rollout import (
     STRIMZI_MANUAL_ROLLING_UPDATE,
     UPDATE_STRATEGY_ANNOTATION,
     Workload,
+    controller_caught_up,
     expected_pod_names,
     hold_ops,
     how_to_roll,
@@ -166,3 +167,12 @@ def test_a_paced_step_is_done_only_when_the_rolled_broker_is_back_whole() -> Non
     assert _gate(views, ["kafka-0", "kafka-1", "kafka-2", "kafka-3"], {}) == "waiting: kafka-3 missing"
     assert _gate([*views[:2], pod_view(pod("kafka-2", ready=False))], None, {}) == "waiting: kafka-2 not Ready"
     assert _gate(views, None, {"kafka-1": Scrape(error="timeout")}) == "waiting: no report from kafka-1 (timeout)"
+
+
+def test_a_pod_is_rolled_only_once_the_statefulset_controller_saw_the_template() -> None:
+    """A pod deleted before the controller observed the new template comes back from the old
+    one and would be rolled twice; ``kubectl rollout status`` checks the same first."""
+    sts = {"metadata": {"generation": 7}, "status": {"observedGeneration": 6}}
+    assert not controller_caught_up(sts)
+    assert controller_caught_up({**sts, "status": {"observedGeneration": 7}})
+    assert not controller_caught_up({"metadata": {"generation": 1}})  # no status yet
