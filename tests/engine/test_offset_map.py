@@ -143,3 +143,27 @@ def test_one_partition_full_of_skewed_digests_stops_the_round_with_nothing_lost(
     assert omap.get_many(digests[:put]).tolist() == list(range(put))
     absent = digests[put:].copy()
     assert (omap.get_many(absent) == -1).all()  # probes of absent keys end
+
+
+def test_a_full_load_factor_is_allowed_and_still_leaves_a_free_slot_per_partition() -> None:
+    """``load_factor`` 1 is valid (Kafka's ``(0, 1]``); even then each partition of the table
+    keeps one slot free, so that every probe sequence ends at an empty slot."""
+    m = OffsetMap(19 * 256 * 4096, load_factor=1.0)  # partitioned: 256 x 4096 slots (a prime at most)
+    assert m.partitions == 256
+    assert m.max_keys == m.slots - m.partitions
+    single = OffsetMap(64 * 1024, load_factor=1.0)  # too small to partition
+    assert single.partitions == 1 and single.max_keys == single.slots - 1
+    with pytest.raises(ValueError, match="load factor"):
+        OffsetMap(64 * 1024, load_factor=1.0001)
+
+
+def test_the_smallest_partitioned_map_and_put_answers_whether_it_put() -> None:
+    """The table is partitioned from exactly MIN_SLOTS_PER_PARTITION slots per partition on."""
+    from cleaner.engine.offset_map import MIN_SLOTS_PER_PARTITION, PARTITIONS
+
+    assert OffsetMap(19 * PARTITIONS * MIN_SLOTS_PER_PARTITION).partitions == PARTITIONS
+    assert OffsetMap(19 * PARTITIONS * MIN_SLOTS_PER_PARTITION - 1).partitions == 1
+    m = OffsetMap(64 * 1024)
+    assert m.put(digest_key(b"k"), 5) is True
+    m.max_keys = m.size  # full: Kafka's map refuses the next put
+    assert m.put(digest_key(b"j"), 6) is False
