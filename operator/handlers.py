@@ -693,6 +693,10 @@ class Operator:
                 rollout["gate"] = why
                 since = datetime.datetime.fromisoformat(rolling["since"].replace("Z", "+00:00"))
                 if (now - since).total_seconds() > deadline:
+                    # The step's deadline runs from the deletion, before the pod's creation: a
+                    # pod the sidecar keeps from becoming Ready is taken out now, not a round later.
+                    if sidecar is not None and view is not None and stuck([view], wanted_hash, now, 0.0):
+                        return await self._roll_back(body, policy, workload, sts, [view], wanted_hash, rollout, logger)
                     return Outcome.stalled("RolloutStalled", f"{workload}: pod {rolling['pod']}, restarted at "
                                            f"{rolling['since']}, has not come back within "
                                            f"rollout.progressDeadlineSeconds ({deadline}s): {why}")
