@@ -1404,6 +1404,34 @@ def test_legacy_tombstone_follows_the_mtime_rule(partition_dir: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize(("after_horizon_ms", "kept"), [(0, False), (1, True)])
+def test_a_legacy_tombstone_exactly_at_the_mtime_horizon_goes(
+    partition_dir: Path, after_horizon_ms: int, kept: bool
+) -> None:
+    """The boundary of the legacy rule (``Cleaner.cleanSegments``:
+    ``retainLegacyDeletesAndTxnMarkers = currentSegment.lastModified > legacyDeleteHorizonMs``):
+    a segment modified exactly at the horizon no longer keeps its tombstones; one
+    millisecond later it does."""
+    w = LogWriter(partition_dir)
+    w.raw(_legacy_plain(1, [(0, BASE_TS, b"a", None)]), next_offset=1)  # legacy tombstone
+    w.roll()
+    w.data([b"c"])  # 1: last segment of the clean tail, its mtime sets the horizon
+    w.roll()
+    w.data([b"d"])  # 2: dirty
+    w.roll()
+    w.data([b"z"])
+    w.close()
+    tail_ms = NOW - DAY // 2
+    horizon_ms = tail_ms - DAY  # delete.retention.ms: one day
+    for base, ms in ((0, horizon_ms + after_horizon_ms), (1, tail_ms)):
+        os.utime(partition_dir / f"{base:020d}.log", ns=(ms * 1_000_000, ms * 1_000_000))
+
+    clean_round(partition_dir, first_dirty=2)
+
+    offsets = [batch.base_offset for batch in read_segments(partition_dir)[0].batches]
+    assert (0 in offsets) is kept
+
+
 # ---- the manager: what gets cleaned (§6) -------------------------------------------------------
 
 
