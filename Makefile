@@ -34,7 +34,7 @@ demo-kafka: $(STAMP)
 	$(BIN)/python scripts/demo_kafka.py
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=20
 
 lint: $(STAMP)
 	$(BIN)/ruff check cleaner operator tests bench
