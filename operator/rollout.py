@@ -201,10 +201,10 @@ def hold_ops(sts: Mapping[str, Any], strategy: RolloutStrategy) -> list[dict[str
     return ops
 
 
-def rehold_ops(sts: Mapping[str, Any], strategy: RolloutStrategy) -> list[dict[str, Any]] | None:
-    """Operations that change a held StatefulSet's hold to the one ``strategy`` asks for (the
-    policy's strategy changed while pods wait: a paced deletion under a Manual partition would
-    bring the pod back unchanged), or None when it is right already or not held."""
+def _saved_strategy(sts: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The StatefulSet's own ``updateStrategy`` saved in its annotation while held: the
+    annotation's text (what a patch tests) and its value ({} when unreadable), or None when
+    the StatefulSet is not held."""
     saved = ((sts.get("metadata") or {}).get("annotations") or {}).get(UPDATE_STRATEGY_ANNOTATION)
     if saved is None:
         return None
@@ -212,6 +212,17 @@ def rehold_ops(sts: Mapping[str, Any], strategy: RolloutStrategy) -> list[dict[s
         original = json.loads(saved)
     except ValueError:
         original = {}
+    return saved, original
+
+
+def rehold_ops(sts: Mapping[str, Any], strategy: RolloutStrategy) -> list[dict[str, Any]] | None:
+    """Operations that change a held StatefulSet's hold to the one ``strategy`` asks for (the
+    policy's strategy changed while pods wait: a paced deletion under a Manual partition would
+    bring the pod back unchanged), or None when it is right already or not held."""
+    held = _saved_strategy(sts)
+    if held is None:
+        return None
+    saved, original = held
     base = {**sts, "spec": {**(sts.get("spec") or {}), "updateStrategy": original}}
     wanted = _held_strategy(base, strategy) or original
     if (sts.get("spec") or {}).get("updateStrategy") == wanted:
@@ -223,14 +234,10 @@ def rehold_ops(sts: Mapping[str, Any], strategy: RolloutStrategy) -> list[dict[s
 
 def release_ops(sts: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     """Operations that put the StatefulSet's own ``updateStrategy`` back (None: not held)."""
-    annotations = (sts.get("metadata") or {}).get("annotations") or {}
-    saved = annotations.get(UPDATE_STRATEGY_ANNOTATION)
-    if saved is None:
+    held = _saved_strategy(sts)
+    if held is None:
         return None
-    try:
-        original = json.loads(saved)
-    except ValueError:
-        original = {}
+    saved, original = held
     # A test of the annotation, not of the resourceVersion: the StatefulSet controller writes
     # the status right after every template change, and a release is right whatever it wrote.
     path = f"/metadata/annotations/{_pointer(UPDATE_STRATEGY_ANNOTATION)}"
