@@ -10,7 +10,8 @@ operator calls as the chart's ServiceAccount (the real RBAC authorizer judges ea
 * Paced: the operator rolls one broker at a time, never two unavailable at once, and waits
   while a rolled broker's report holds fewer partitions than before its restart.
 * A sidecar that keeps its pod from being scheduled makes the rollout Stalled (named) and is
-  taken out again: the broker comes back without it.
+  taken out again: the broker comes back without it. A broker back Ready but without its
+  report stalls the roll (RolloutStalled) and keeps the sidecar.
 * StrimziPodSet pods: Paced asks KafkaRoller (strimzi.io/manual-rolling-update on the pods).
 """
 
@@ -398,6 +399,29 @@ def test_a_stalled_rollout_is_named_and_the_sidecar_taken_out_again(cluster: Api
         time.sleep(2)
         assert _template_hash(cluster) is None
         assert cluster.condition("stuck", "Stalled")["reason"] == "SidecarRolledBack"
+
+
+def test_a_broker_back_without_its_report_stalls_the_paced_roll(cluster: ApiCluster) -> None:
+    """A rolled broker that is Ready with the new sidecar but never reports (no process answers
+    here, as a sidecar that cannot read the log dirs or listen would not) holds the roll:
+    past rollout.progressDeadlineSeconds the policy is Stalled (RolloutStalled) naming the pod
+    and what it waits for. The sidecar stays (the pod is Ready: nothing points at it keeping
+    the broker down) and no other broker is touched."""
+    before = _brokers(cluster, 2)
+    manifest = policy("silent", target=sts_target(), rollout={"strategy": "Paced", "progressDeadlineSeconds": 5},
+                      reporting={"intervalSeconds": 1})  # fmt: skip
+    with running_operator(expected_warnings=("has not come back",)):
+        _create(cluster, manifest)
+        stalled = wait_for(lambda: (c := cluster.condition("silent", "Stalled")).get("status") == "True" and c,
+                           timeout=TIMEOUT, what="Stalled")  # fmt: skip
+        assert stalled["reason"] == "RolloutStalled"
+        assert "pod broker-1" in stalled["message"] and "progressDeadlineSeconds (5s)" in stalled["message"]
+        assert "no report from broker-1" in stalled["message"]
+        assert _gauge("rollout_stalled", "silent") == 1
+        assert _template_hash(cluster) is not None
+        pods = _pods(cluster)
+        assert pods["broker-0"]["metadata"]["uid"] == before["broker-0"]["metadata"]["uid"]
+        assert _ready(pods["broker-1"]) and pods["broker-1"]["metadata"]["uid"] != before["broker-1"]["metadata"]["uid"]
 
 
 STRIMZI_CRD = {
