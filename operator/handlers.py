@@ -622,8 +622,8 @@ class Operator:
                 continue
             if workload is None:
                 owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
-                if owner is not None and owner.get("kind") == STRIMZI_PODSET:
-                    workload = Workload(STRIMZI_PODSET, owner["name"], namespace)
+                if owner is not None and owner.get("kind") in (STRIMZI_PODSET, "StatefulSet"):
+                    workload = Workload(owner["kind"], owner["name"], namespace)
             raw.append(pod)
             if meta.get("deletionTimestamp"):
                 continue
@@ -635,8 +635,9 @@ class Operator:
             pods.append(BrokerPod(name=meta["name"], ip=pod_address(status), has_sidecar=found is not None,
                                   sidecar_hash=(meta.get("annotations") or {}).get(SIDECAR_HASH_ANNOTATION),
                                   port=port))
-        if workload is not None and workload.kind == STRIMZI_PODSET:
-            obj = await self.call(kube.read_strimzipodset, namespace, workload.name)
+        if workload is not None and obj is None:  # pods selected by label: their owner, for its pod count
+            read = kube.read_strimzipodset if workload.kind == STRIMZI_PODSET else kube.read_statefulset
+            obj = await self.call(read, namespace, workload.name)
         return Target(pods, raw, workload, obj)
 
     # -- rollouts --------------------------------------------------------------------------
@@ -660,7 +661,10 @@ class Operator:
         views = [pod_view(p) for p in target.raw]
         wanted_hash = wanted.hash if wanted is not None else None
         waiting = pending([v for v in views if not v.deleting], wanted_hash)
-        sts = target.obj if workload.kind == "StatefulSet" else None
+        # Pods the webhook injects change when they are created, not with the template: the
+        # StatefulSet is neither held nor released for them, and only a deletion rolls one.
+        templated = policy.target is not None and policy.target.effective_injection is Injection.STATEFUL_SET
+        sts = target.obj if workload.kind == "StatefulSet" and templated else None
         rollout["pending"] = len(waiting)
         rollout["pendingPods"] = [{"pod": v.name, "workload": str(workload), "roll": how_to_roll(workload, v.name, sts)}
                                   for v in sorted(waiting, key=lambda v: v.name)[:MAX_PENDING_LISTED]]
@@ -678,6 +682,14 @@ class Operator:
         bad = stuck(views, wanted_hash, now, deadline) if sidecar is not None else []
         if bad:
             return await self._roll_back(body, policy, workload, sts, bad, wanted_hash, rollout, logger)
+        # A pod recreated before the webhook (or the StatefulSet controller) saw the rollback
+        # comes back with the rolled-back sidecar, stuck again: it is deleted again.
+        undone = (rollout.get("rolledBack") or {}).get("sidecarHash")
+        if undone and workload.kind == "StatefulSet":
+            for view in stuck(views, undone, now, 0.0):
+                await self.call(kube.delete_pod, namespace, view.name, view.uid)
+                logger.info(f"{workload}: deleted pod {view.name} again: it came back with the rolled-back "
+                            f"sidecar and is not Ready ({view.why}).")
 
         # -- the paced step in progress ----------------------------------------------------------
         rolling = rollout.get("rolling")
@@ -776,25 +788,28 @@ class Operator:
     async def _roll_back(self, body: Mapping[str, Any], policy: Policy, workload: Workload,
                          sts: Mapping[str, Any] | None, bad: list[PodView], wanted: str | None,
                          rollout: dict[str, Any], logger: logging.Logger | logging.LoggerAdapter[Any]) -> Outcome:
-        """Take the sidecar out of the template whose pods it keeps from becoming Ready, and
-        delete those pods: a StatefulSet never replaces a pod that is not Ready by itself
-        (Kubernetes' forced-rollback limitation), whatever its template says meanwhile."""
+        """Take the sidecar out of the template whose pods it keeps from becoming Ready (``sts``;
+        None: the webhook injected it, and ``rolledBack`` stops it), and delete a StatefulSet's
+        stuck pods: a StatefulSet never replaces a pod that is not Ready by itself (Kubernetes'
+        forced-rollback limitation), whatever its template says meanwhile. A StrimziPodSet's
+        pods are left to a person or KafkaRoller, as the message says."""
         kube = self._kube()
         names = ", ".join(f"{v.name} ({v.why or 'not Ready'})" for v in bad)
         deadline = policy.rollout.progress_deadline_seconds
         message = (f"{workload}: pod {names} runs sidecar {wanted} and is not Ready "
                    f"{deadline}s after its creation (rollout.progressDeadlineSeconds)")
-        if sts is not None:
-            template = (sts.get("spec") or {}).get("template") or {}
-            patch = removal_patch(template, sts["metadata"]["resourceVersion"])
-            if patch is not None:
-                await self.call(kube.patch_statefulset, workload.namespace, workload.name,
-                                patch + hold_ops(sts, policy.rollout.strategy))
+        if workload.kind == "StatefulSet":
+            if sts is not None:
+                template = (sts.get("spec") or {}).get("template") or {}
+                patch = removal_patch(template, sts["metadata"]["resourceVersion"])
+                if patch is not None:
+                    await self.call(kube.patch_statefulset, workload.namespace, workload.name,
+                                    patch + hold_ops(sts, policy.rollout.strategy))
             for view in bad:
                 await self.call(kube.delete_pod, workload.namespace, view.name, view.uid)
-            message += ("; the sidecar was removed from the pod template and the pod deleted, so the broker "
-                        "comes back without it. Fix the sidecar in the spec (image, resources, securityContext) "
-                        "to try again")
+            where = "removed from the pod template" if sts is not None else "no longer injected by the webhook"
+            message += (f"; the sidecar was {where} and the pod deleted, so the broker comes back without it. "
+                        "Fix the sidecar in the spec (image, resources, securityContext) to try again")
         else:
             message += ("; the webhook no longer injects this sidecar: delete the pod (or annotate it "
                         f"{STRIMZI_MANUAL_ROLLING_UPDATE}=true) and it comes back without it. Fix the sidecar "

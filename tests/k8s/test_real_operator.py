@@ -12,6 +12,7 @@ part that kwok does not play). ``kubectl wait`` then sees the policy Ready.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ from compaction_operator.injection import SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTA
 from control_plane import ControlPlane, activated_kubeconfig, available, missing_reason
 from kubelet import ConfigMapVolume, SidecarProcess, files_of
 from operator_helpers import (
+    IMAGE,
     ApiCluster,
     canonical,
     free_port,
@@ -302,6 +304,24 @@ def test_the_real_sidecar_reports_through_the_operator_over_real_rollouts(
             ("CompactionPolicy", "SidecarRemoved"), ("StatefulSet", "SidecarRemoved")} <= events  # fmt: skip
 
 
+@contextlib.contextmanager
+def _webhook_operator(plane: ControlPlane, tmp_path: pathlib.Path, **config: Any) -> Iterator[None]:
+    """The operator with its admission webhook on 127.0.0.1 (a serving certificate from the
+    control plane's CA), keeping the chart's MutatingWebhookConfiguration, opt-in by label."""
+    serving = plane.ca.issue_cert("127.0.0.1")
+    cert, key, ca = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
+    serving.cert_chain_pems[0].write_to_path(str(cert))
+    serving.private_key_pem.write_to_path(str(key))
+    plane.ca.cert_pem.write_to_path(str(ca))
+    with running_operator(webhook_enabled=True, webhook_addr="127.0.0.1", webhook_port=free_port(),
+                          webhook_cert_file=str(cert), webhook_key_file=str(key), webhook_ca_file=str(ca),
+                          webhook_host="127.0.0.1", webhook_configuration=WEBHOOK,
+                          webhook_object_selector=(("kafkacleaner.io/inject", "enabled"),), **config):  # fmt: skip
+        wait_for(lambda: plane.kubectl("get", "mutatingwebhookconfiguration", WEBHOOK, check=False).returncode == 0,
+                 timeout=TIMEOUT, what="the webhook configuration")  # fmt: skip
+        yield
+
+
 @pytest.mark.parametrize("as_the_chart", ["webhook"], indirect=True)
 def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_creates(
     as_the_chart: ControlPlane, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
@@ -313,17 +333,7 @@ def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_create
     fails open: with its handler raising, the API server still creates the pod (unchanged,
     kubectl shows the warning) and the policy gets an InjectionFailed Event."""
     plane = as_the_chart
-    serving = plane.ca.issue_cert("127.0.0.1")
-    cert, key, ca = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
-    serving.cert_chain_pems[0].write_to_path(str(cert))
-    serving.private_key_pem.write_to_path(str(key))
-    plane.ca.cert_pem.write_to_path(str(ca))
-    port = free_port()
-    with running_operator(webhook_enabled=True, webhook_addr="127.0.0.1", webhook_port=port,
-                          webhook_cert_file=str(cert), webhook_key_file=str(key), webhook_ca_file=str(ca),
-                          webhook_host="127.0.0.1", webhook_configuration=WEBHOOK,
-                          webhook_object_selector=(("kafkacleaner.io/inject", "enabled"),),
-                          expected_warnings=("webhook failed open",)):  # fmt: skip
+    with _webhook_operator(plane, tmp_path, expected_warnings=("webhook failed open",)):
         target = {"podSelector": {"matchLabels": {"app": "wbroker"}}, "dataVolume": "data",
                   "mountPath": "/var/lib/kafka", "logDirs": ["kafka-log*"], "injection": "webhook"}  # fmt: skip
         manifest = policy("selected", target=target)
@@ -380,6 +390,63 @@ def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_create
         plane.kubectl("delete", "-n", NS, "compactionpolicy", "selected", "--wait=true", f"--timeout={int(TIMEOUT)}s")
     # The operator leaves its configuration behind (and no validating twin, as kopf's did).
     assert plane.kubectl("get", "validatingwebhookconfiguration", WEBHOOK, check=False).returncode != 0
+    plane.kubectl("delete", "mutatingwebhookconfiguration", WEBHOOK, "--ignore-not-found")
+
+
+@pytest.mark.parametrize("as_the_chart", ["webhook"], indirect=True)
+def test_the_webhook_injects_the_pinned_image_and_stops_injecting_a_sidecar_it_rolled_back(
+    as_the_chart: ControlPlane, tmp_path: pathlib.Path
+) -> None:
+    """``injection: webhook`` for a StatefulSet's pods, through the real API server: the image
+    the policy first ran is pinned, so an operator restarted with another default image injects
+    the same sidecar as before; a spec change whose sidecar keeps the pod from being scheduled
+    is found past rollout.progressDeadlineSeconds, the policy is Stalled (SidecarRolledBack)
+    and the pod deleted (a StatefulSet never replaces a pod that is not Ready), and the webhook
+    no longer injects that sidecar: the broker comes back without it."""
+    plane = as_the_chart
+    cluster = ApiCluster(kubernetes.config.new_client_from_config(config_file=str(plane.kubeconfig)), NS)
+    target = {"podSelector": {"matchLabels": {"app": "hbroker"}}, "dataVolume": "data",
+              "mountPath": "/var/lib/kafka", "logDirs": ["kafka-log*"], "injection": "webhook"}  # fmt: skip
+    manifest = policy("hooked", target=target, rollout={"progressDeadlineSeconds": 3}, reporting={"intervalSeconds": 1})
+    manifest["metadata"]["namespace"] = NS
+    # Stopped while the policy lives on: kopf cancels the policy's report daemon, and says so.
+    with _webhook_operator(plane, tmp_path, expected_warnings=("Daemon 'report' is cancelled",)):
+        _apply(plane, manifest)
+        wait_for(lambda: cluster.status("hooked").get("rollout", {}).get("sidecarImage") == IMAGE,
+                 timeout=TIMEOUT, what="the default image pinned in status.rollout")  # fmt: skip
+
+    upgraded = "registry.example/kafka-cleaner:upgraded"
+    with _webhook_operator(plane, tmp_path, sidecar_image=upgraded, expected_warnings=("is not Ready",)):
+        broker = _broker()
+        broker["metadata"]["name"] = "hbroker"
+        broker["spec"]["selector"]["matchLabels"] = {"app": "hbroker"}
+        broker["spec"]["template"]["metadata"]["labels"] = {"app": "hbroker", "kafkacleaner.io/inject": "enabled"}
+        _apply(plane, broker)
+        pod = wait_for(lambda: (p := _get(plane, "pod", "hbroker-0")) and p["status"].get("phase") == "Running" and p,
+                       timeout=TIMEOUT, what="hbroker-0 running")  # fmt: skip
+        found = find_sidecar(pod["spec"])
+        assert found is not None and found[1]["image"] == IMAGE, "an operator upgrade changed the pinned image"
+
+        # A change of the sidecar takes the operator's current default along, and asks for a
+        # CPU no node has: the recreated pod is never scheduled.
+        plane.kubectl("patch", "-n", NS, "compactionpolicy", "hooked", "--type=merge", "-p",
+                      json.dumps({"spec": {"sidecar": {"resources": {"requests": {"cpu": "5000"}}}}}))
+        wait_for(lambda: cluster.status("hooked").get("rollout", {}).get("sidecarImage") == upgraded,
+                 timeout=TIMEOUT, what="the changed sidecar with the new default image")  # fmt: skip
+        plane.kubectl("delete", "-n", NS, "pod", "hbroker-0", "--wait=false")
+        stalled = wait_for(lambda: (c := cluster.condition("hooked", "Stalled")).get("status") == "True"
+                           and c["reason"] == "SidecarRolledBack" and c, timeout=TIMEOUT,
+                           what="Stalled: SidecarRolledBack")  # fmt: skip
+        assert "pod hbroker-0 (Unschedulable" in stalled["message"], stalled["message"]
+        assert "no longer injected by the webhook and the pod deleted" in stalled["message"]
+        back = wait_for(lambda: (p := _get(plane, "pod", "hbroker-0")) and not p["metadata"].get("deletionTimestamp")
+                        and p["status"].get("phase") == "Running" and p, timeout=TIMEOUT,
+                        what="hbroker-0 back and running")  # fmt: skip
+        assert find_sidecar(back["spec"]) is None
+        assert (cluster.status("hooked")["rollout"]["rolledBack"]["sidecarHash"]
+                == cluster.status("hooked")["rollout"]["sidecarHash"])
+        plane.kubectl("delete", "-n", NS, "statefulset", "hbroker", "--wait=true")
+        plane.kubectl("delete", "-n", NS, "compactionpolicy", "hooked", "--wait=true", f"--timeout={int(TIMEOUT)}s")
     plane.kubectl("delete", "mutatingwebhookconfiguration", WEBHOOK, "--ignore-not-found")
 
 
