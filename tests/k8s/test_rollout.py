@@ -153,6 +153,7 @@ class Observer:
     def __init__(self, cluster: ApiCluster, replicas: int) -> None:
         self.cluster, self.replicas = cluster, replicas
         self.worst, self.replaced = 0, []  # type: tuple[int, list[str]]
+        self.revisions: list[str] = []  # each replacement's controller-revision-hash, for a failure's message
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -165,7 +166,7 @@ class Observer:
         self._thread.join()
 
     def _run(self) -> None:
-        seen: dict[str, str] = {}
+        seen: dict[str, tuple[str, str | None]] = {}
         while not self._stop.is_set():
             try:
                 pods = _pods(self.cluster)
@@ -175,9 +176,11 @@ class Observer:
             self.worst = max(self.worst, down)
             for name, pod in pods.items():
                 uid = pod["metadata"]["uid"]
-                if name in seen and seen[name] != uid:
+                revision = pod["metadata"].get("labels", {}).get("controller-revision-hash")
+                if name in seen and seen[name][0] != uid:
                     self.replaced.append(name)
-                seen[name] = uid
+                    self.revisions.append(f"{name}: {seen[name][1]} -> {revision}")
+                seen[name] = uid, revision
             time.sleep(0.05)
 
 
@@ -350,7 +353,7 @@ def test_paced_rolls_one_broker_at_a_time_and_waits_for_the_reports(cluster: Api
             wait_for(lambda: _all_ready(cluster, 3, wanted), timeout=3 * TIMEOUT, what="three pods with the sidecar")
             wait_for(lambda: UPDATE_STRATEGY_ANNOTATION not in cluster.sts()["metadata"].get("annotations", {}),
                      timeout=TIMEOUT, what="the StatefulSet's own strategy back")  # fmt: skip
-            assert observer.replaced == ["broker-2", "broker-1", "broker-0"]
+            assert observer.replaced == ["broker-2", "broker-1", "broker-0"], observer.revisions
 
             # -- a rolled broker reports fewer partitions than before: the roll waits ---------------
             cluster.patch_spec("paced", {"sidecar": {"port": port, "resources": {"requests": {"cpu": "10m"}}}})
@@ -370,7 +373,7 @@ def test_paced_rolls_one_broker_at_a_time_and_waits_for_the_reports(cluster: Api
             new = _template_hash(cluster)
             wait_for(lambda: _all_ready(cluster, 3, new), timeout=3 * TIMEOUT, what="three pods with the new sidecar")
         assert observer.worst <= 1, f"{observer.worst} brokers unavailable at once"
-        assert observer.replaced == ["broker-2", "broker-1", "broker-0"] * 2
+        assert observer.replaced == ["broker-2", "broker-1", "broker-0"] * 2, observer.revisions
     finally:
         fake.close()
 
