@@ -796,8 +796,8 @@ class Operator:
         kube = self._kube()
         names = ", ".join(f"{v.name} ({v.why or 'not Ready'})" for v in bad)
         deadline = policy.rollout.progress_deadline_seconds
-        message = (f"{workload}: pod {names} runs sidecar {wanted} and is not Ready "
-                   f"{deadline}s after its creation (rollout.progressDeadlineSeconds)")
+        message = (f"{workload}: pod {names} runs sidecar {wanted} and has not become Ready within "
+                   f"rollout.progressDeadlineSeconds ({deadline}s)")
         if workload.kind == "StatefulSet":
             if sts is not None:
                 template = (sts.get("spec") or {}).get("template") or {}

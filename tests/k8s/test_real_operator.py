@@ -416,7 +416,7 @@ def test_the_webhook_injects_the_pinned_image_and_stops_injecting_a_sidecar_it_r
                  timeout=TIMEOUT, what="the default image pinned in status.rollout")  # fmt: skip
 
     upgraded = "registry.example/kafka-cleaner:upgraded"
-    with _webhook_operator(plane, tmp_path, sidecar_image=upgraded, expected_warnings=("is not Ready",)):
+    with _webhook_operator(plane, tmp_path, sidecar_image=upgraded, expected_warnings=("has not become Ready",)):
         broker = _broker()
         broker["metadata"]["name"] = "hbroker"
         broker["spec"]["selector"]["matchLabels"] = {"app": "hbroker"}

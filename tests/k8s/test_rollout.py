@@ -385,7 +385,7 @@ def test_a_stalled_rollout_is_named_and_the_sidecar_taken_out_again(cluster: Api
     manifest = policy("stuck", target=sts_target(), sidecar={"resources": {"requests": {"cpu": "5000"}}},
                       rollout={"strategy": "Paced", "progressDeadlineSeconds": 3},
                       reporting={"intervalSeconds": 1})  # fmt: skip
-    with running_operator(expected_warnings=("is not Ready",)):
+    with running_operator(expected_warnings=("has not become Ready",)):
         _create(cluster, manifest)
         # On a busy machine the pod may not even be recreated within the 3 s deadline: the
         # policy is RolloutStalled first, and the sidecar is taken out once the pod shows why.
