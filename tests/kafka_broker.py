@@ -156,6 +156,13 @@ class RealBroker:
         )
         assert out.returncode == 0, out.stdout + out.stderr
 
+    def run_tool(self, main: str, *args: str) -> str:
+        """One of Kafka's own command-line tools (``kafka.admin.ConfigCommand``, ...) from this
+        line's jars, against the running broker when the arguments say so; its output."""
+        out = subprocess.run(self._java(main, *args), capture_output=True, text=True, timeout=120, check=False)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout
+
     def reconfigure(self, **settings: str) -> None:
         """New broker settings, from the next start (the broker must be stopped)."""
         assert self.proc is None
