@@ -86,6 +86,11 @@ def _brokers(cluster: ApiCluster, replicas: int, *, host_network: bool = False) 
     sts["spec"]["template"]["spec"]["volumes"].append({"name": "data", "emptyDir": {}})
     if host_network:
         sts["spec"]["template"]["spec"]["hostNetwork"] = True
+        # On the host network every declared port is a host port the scheduler must find free
+        # on a node: another test's broker (9092) still on one of the three nodes left this
+        # test's third broker Unschedulable. Only the sidecar's port (a free one) is needed.
+        for container in sts["spec"]["template"]["spec"]["containers"]:
+            container.pop("ports", None)
     cluster.apps.create_namespaced_stateful_set(NS, sts)
     try:
         return wait_for(lambda: _all_ready(cluster, replicas), timeout=TIMEOUT, what=f"{replicas} broker pods Ready")
