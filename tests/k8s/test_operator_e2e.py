@@ -201,7 +201,7 @@ def test_the_webhook_answers_on_the_path_the_charts_configuration_names(
         cluster.custom.delete_namespaced_custom_object(G, V, NS, P, "strimzi")
         wait_for(lambda: cluster.policy("strimzi") is None, what="deleted")
         assert cluster.configmap("strimzi-kafka-cleaner") is None
-    assert ("CompactionPolicy", "WebhookPodsUnchanged") in [e[:2] for e in cluster.events()]
+        cluster.wait_for_event("CompactionPolicy", "WebhookPodsUnchanged")
 
 
 def test_overlapping_policies_are_reported_on_both(cluster: ApiCluster) -> None:

@@ -291,7 +291,7 @@ def test_manual_restarts_nothing_names_the_pending_pods_and_pins_the_image(clust
         time.sleep(2)
         assert cluster.policy("manual") is not None and cluster.configmap("manual-kafka-cleaner") is not None
         assert _uids(_pods(cluster)) == rolled
-        assert ("CompactionPolicy", "AwaitingRollout") in {(k, r) for k, r, _ in cluster.events()}
+        cluster.wait_for_event("CompactionPolicy", "AwaitingRollout")
         cluster.apps.patch_namespaced_stateful_set(
             "broker", NS, {"spec": {"updateStrategy": {"rollingUpdate": {"partition": 0}}}})
         wait_for(lambda: _all_ready(cluster, 2, None), timeout=TIMEOUT, what="both pods without the sidecar")
@@ -402,7 +402,7 @@ def test_a_stalled_rollout_is_named_and_the_sidecar_taken_out_again(cluster: Api
         pods = wait_for(lambda: _all_ready(cluster, 2, None), timeout=TIMEOUT, what="both brokers back, no sidecar")
         assert pods["broker-0"]["metadata"]["uid"] == before["broker-0"]["metadata"]["uid"]
         assert _gauge("rollout_stalled", "stuck") == 1
-        assert ("CompactionPolicy", "SidecarRolledBack") in {(k, r) for k, r, _ in cluster.events()}
+        cluster.wait_for_event("CompactionPolicy", "SidecarRolledBack")
         # Not injected again until the spec changes the sidecar.
         time.sleep(2)
         assert _template_hash(cluster) is None
@@ -497,4 +497,4 @@ def test_paced_asks_strimzis_kafkaroller_to_roll_the_podset_pods(
         wait_for(lambda: sorted(n for n, p in _pods(cluster).items() if (p["metadata"].get("annotations") or {}).get(
             STRIMZI_MANUAL_ROLLING_UPDATE) == "true") == names, timeout=TIMEOUT,
             what="every pending pod annotated for KafkaRoller")  # fmt: skip
-        assert ("CompactionPolicy", "RollRequested") in {(k, r) for k, r, _ in cluster.events()}
+        cluster.wait_for_event("CompactionPolicy", "RollRequested")
