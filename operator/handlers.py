@@ -720,13 +720,16 @@ class Operator:
             rollout["gate"] = gate or "open"
             if gate is None:
                 if workload.kind == STRIMZI_PODSET:
-                    for view in waiting:
-                        if not view.roll_requested:
-                            await self.call(kube.annotate_pod, namespace, view.name,
-                                            {STRIMZI_MANUAL_ROLLING_UPDATE: "true"})
-                    names = ", ".join(v.name for v in waiting)
-                    kopf.event(body, type="Normal", reason="RollRequested", message=f"{workload}: asked "
-                               f"Strimzi's KafkaRoller to roll {names} ({STRIMZI_MANUAL_ROLLING_UPDATE})")
+                    # Asked once per pod: the gate stays open until KafkaRoller has rolled them,
+                    # and an Event every round would bury the others.
+                    asked = [v for v in waiting if not v.roll_requested]
+                    for view in asked:
+                        await self.call(kube.annotate_pod, namespace, view.name,
+                                        {STRIMZI_MANUAL_ROLLING_UPDATE: "true"})
+                    if asked:
+                        names = ", ".join(v.name for v in asked)
+                        kopf.event(body, type="Normal", reason="RollRequested", message=f"{workload}: asked "
+                                   f"Strimzi's KafkaRoller to roll {names} ({STRIMZI_MANUAL_ROLLING_UPDATE})")
                 elif sts is not None and not controller_caught_up(sts):
                     # A pod deleted before the StatefulSet controller has seen the new template
                     # comes back from the old one, still waiting: it would be rolled twice.

@@ -498,3 +498,7 @@ def test_paced_asks_strimzis_kafkaroller_to_roll_the_podset_pods(
             STRIMZI_MANUAL_ROLLING_UPDATE) == "true") == names, timeout=TIMEOUT,
             what="every pending pod annotated for KafkaRoller")  # fmt: skip
         cluster.wait_for_event("CompactionPolicy", "RollRequested")
+        # Asked once: the rounds that follow, while KafkaRoller has not rolled yet, post no more.
+        time.sleep(3)
+        asked = [m for k, r, m in cluster.events() if r == "RollRequested"]
+        assert len(asked) == 1 and all(n in asked[0] for n in names), asked
