@@ -1,5 +1,7 @@
-"""A real single-node Apache Kafka broker (KRaft, combined mode) for the tests, from the
-jars ``make setup`` resolves into ``.tools/kafka/<version>/libs`` (both Kafka lines).
+"""A real Apache Kafka broker (KRaft; by default one node in combined mode) for the tests, from
+the jars ``make setup`` resolves into ``.tools/kafka/<version>/libs`` (both Kafka lines).
+A small cluster is a controller-only node (``roles="controller"``) and broker-only nodes that
+join its quorum (``quorum=``): what replication, fencing and leader elections need.
 
 Start, stop (SIGTERM or SIGKILL), restart on the same dirs; produce and consume with
 kafka-python; ListOffsets; the broker's log and the ERROR/WARN lines in it. The JVM is
@@ -69,6 +71,13 @@ log4j.appender.out.layout.ConversionPattern=[%d] %p %m (%c)%n
 """
 
 
+def _new_cluster_id() -> str:
+    cluster_id = "-"
+    while cluster_id.startswith("-"):  # as Kafka's Uuid.randomUuid: "-..." reads as an option
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    return cluster_id
+
+
 class RealBroker:
     def __init__(
         self,
@@ -78,6 +87,9 @@ class RealBroker:
         separate_metadata: bool = True,
         cleaner_enable: bool = False,
         extra: dict[str, str] | None = None,
+        node_id: int = 1,
+        roles: str = "broker,controller",
+        quorum: RealBroker | None = None,
     ) -> None:
         self.root = Path(root)
         self.line = line
@@ -88,15 +100,24 @@ class RealBroker:
         self.config = self.root / "server.properties"
         self.log_file = self.root / "broker.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.cluster_id = quorum.cluster_id if quorum is not None else _new_cluster_id()
+        controller = f"CONTROLLER://127.0.0.1:{self.controller_port}"
+        broker = f"PLAINTEXT://127.0.0.1:{self.port}"
+        listeners = {"controller": [controller], "broker": [broker]}.get(roles, [broker, controller])
         self.settings = {
-            "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "process.roles": roles,
+            "node.id": str(node_id),
+            "controller.quorum.voters": quorum.settings["controller.quorum.voters"]
+            if quorum is not None
+            else f"{node_id}@127.0.0.1:{self.controller_port}",
+            "listeners": ",".join(listeners),
+            **(
+                {}
+                if roles == "controller"
+                else {"advertised.listeners": broker, "inter.broker.listener.name": "PLAINTEXT"}
+            ),
             "controller.listener.names": "CONTROLLER",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(self.log_dir),
             "metadata.log.dir": str(self.metadata_dir),
             "offsets.topic.replication.factor": "1",
@@ -144,11 +165,8 @@ class RealBroker:
         ]
 
     def _format(self) -> None:
-        cluster_id = "-"
-        while cluster_id.startswith("-"):  # as Kafka's Uuid.randomUuid: "-..." reads as an option
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         out = subprocess.run(
-            self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.config)),
+            self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(self.config)),
             capture_output=True,
             text=True,
             timeout=120,

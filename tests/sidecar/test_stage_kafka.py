@@ -17,8 +17,9 @@ consumer, and reports what it found wrong in its log. The claims:
 - with the cluster's metadata log on the same disk, the real topic config (compact) makes
   stage refuse the partition: the broker's own cleaner compacts it.
 
-(A truncation or a leader change inside a staged range needs a second broker; those stale
-cases are shown with the simulated broker in ``test_stage.py``.)
+(A truncation needs a second broker: ``test_stage_truncation_kafka.py`` runs a small cluster
+for it. A leader change inside a staged range that leaves the sources as they were is shown
+with the simulated broker in ``test_stage.py``.)
 """
 
 from __future__ import annotations

@@ -1,0 +1,178 @@
+"""Stage mode against a real truncation, on a real three-node KRaft cluster (a controller and
+two brokers), on both Kafka lines.
+
+Issue 10's stale case that one broker cannot show: a replica stages a set over records that
+the cluster later discards. Broker 2 leads alone (broker 1 is stopped) and takes records that
+never reach broker 1; its sidecar stages a set over them. Broker 2 then stops answering
+(SIGSTOP: the controller fences it), broker 1 comes back and is elected uncleanly, and takes
+other records at the same offsets. Broker 2 resumes as a follower and Kafka truncates its log
+to the new leader's (the divergent records are gone from it). A commit of the set at broker
+2's next restart would bring them back on that replica, at offsets the other replica holds
+different records at, and a leader change would then serve them. The gate must find the set
+stale and delete it; broker 2, leading again, must serve exactly what broker 1 served.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from kafka_broker import EACH_KAFKA_LINE, RealBroker
+from sidecar_helpers import new_sidecar, next_scan, status_of, write_policy
+
+from cleaner.clock import MockTime
+from cleaner.sidecar import stage
+
+pytestmark = [pytest.mark.slow, EACH_KAFKA_LINE]
+
+TOPIC = "orders"
+SEGMENT_BYTES = 1 << 20  # Kafka 4's smallest segment.bytes
+BROKER_SETTINGS = {"broker.heartbeat.interval.ms": "500", "min.insync.replicas": "1"}
+
+
+def _records(tag: bytes, n: int, keys: int = 400) -> list[tuple[int, bytes, bytes | None]]:
+    return [(0, b"key-%05d" % (i % keys), tag + b"-%06d:" % i + b"v" * 900) for i in range(n)]
+
+
+def _latest(*batches: list[tuple[int, bytes, bytes | None]]) -> dict[bytes, bytes | None]:
+    return {key: value for batch in batches for _, key, value in batch}
+
+
+def _partition(broker: RealBroker) -> dict:
+    """Leader and ISR of the topic's partition, as the cluster's metadata says."""
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=10_000)
+    try:
+        (topic,) = admin.describe_topics([TOPIC])
+        (partition,) = topic["partitions"]
+        return {"leader": partition["leader_id"], "isr": sorted(partition["isr_nodes"])}
+    finally:
+        admin.close()
+
+
+def _wait(predicate, what: str, timeout_s: float = 90.0):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            if last := predicate():
+                return last
+        except Exception as e:  # a broker between states answers with errors for a while
+            last = e
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def _elect_uncleanly(broker: RealBroker) -> str:
+    """Kafka's own kafka-leader-election, UNCLEAN, until it succeeds (the controller must have
+    fenced the old leader first)."""
+    command = broker._java(
+        "org.apache.kafka.tools.LeaderElectionCommand",
+        "--bootstrap-server",
+        broker.bootstrap,
+        "--election-type",
+        "unclean",
+        "--topic",
+        TOPIC,
+        "--partition",
+        "0",
+    )
+
+    def elect() -> str | None:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+        return out.stdout if "Successfully completed leader election" in out.stdout else None
+
+    return _wait(elect, "an unclean election of broker 1")
+
+
+def test_a_set_staged_over_records_a_truncation_discards_is_deleted_at_the_gate(tmp_path: Path, line: str) -> None:
+    controller = RealBroker(
+        tmp_path / "controller", line, node_id=0, roles="controller", extra={"broker.session.timeout.ms": "3000"}
+    )
+    one = RealBroker(tmp_path / "broker-1", line, node_id=1, roles="broker", quorum=controller, extra=BROKER_SETTINGS)
+    two = RealBroker(tmp_path / "broker-2", line, node_id=2, roles="broker", quorum=controller, extra=BROKER_SETTINGS)
+    nodes = (controller, one, two)
+    try:
+        controller.start(wait=False)
+        one.start(wait=False)
+        two.start()
+        one.wait_ready()
+        from kafka.admin import KafkaAdminClient, NewTopic
+
+        admin = KafkaAdminClient(bootstrap_servers=two.bootstrap, request_timeout_ms=30_000)
+        try:
+            configs = {"cleanup.policy": "compact,delete", "segment.bytes": str(SEGMENT_BYTES), "retention.ms": "-1"}
+            admin.create_topics([NewTopic(TOPIC, replica_assignments={0: [2, 1]}, topic_configs=configs)])
+        finally:
+            admin.close()
+        _wait(lambda: _partition(two) == {"leader": 2, "isr": [1, 2]}, "both replicas in sync")
+
+        # Both replicas take the first records; then broker 2 leads alone and takes records
+        # broker 1 never sees, over several segments.
+        shared = _records(b"shared", 1_500)
+        two.produce(TOPIC, shared)
+        one.stop()
+        _wait(lambda: _partition(two)["isr"] == [2], "broker 1 out of the ISR")
+        divergent = _records(b"divergent", 1_000)
+        two.produce(TOPIC, divergent)
+
+        # Broker 2's sidecar stages a set over them while it serves.
+        pdir = two.log_dir / f"{TOPIC}-0"
+        policy = write_policy(
+            tmp_path / "policy.yaml",
+            mode="stage",
+            topics=[{"match": TOPIC, "cleanupPolicy": "compact", "minCleanableDirtyRatio": 0.01}],
+        )
+        sc = new_sidecar(policy, [two.log_dir], MockTime(int(time.time() * 1000)), scan_ms=1_000)
+        staged = _wait(lambda: next_scan(sc) and stage.load(pdir), "a staged set on broker 2", timeout_s=60)
+        assert staged.next_offset > len(shared), "the set must reach into the records the truncation discards"
+
+        # Broker 2 stops answering: the controller fences it; broker 1 is back and elected
+        # uncleanly, and takes other records at the offsets broker 2 gave the divergent ones.
+        assert two.proc is not None
+        os.kill(two.proc.pid, signal.SIGSTOP)
+        one.start()
+        _elect_uncleanly(one)
+        _wait(lambda: _partition(one)["leader"] == 1, "broker 1 leading")
+        after = _records(b"after", 500, keys=200)
+        one.produce(TOPIC, after)
+
+        # Broker 2 resumes as a follower, and Kafka truncates its log to broker 1's.
+        os.kill(two.proc.pid, signal.SIGCONT)
+        _wait(lambda: _partition(one)["isr"] == [1, 2], "broker 2 back in the ISR")
+        assert "Truncat" in two.log_since_start(), two.log_tail()
+        served = one.consume(TOPIC, 1)[0]
+        assert served == _latest(shared, after)
+
+        # A pod restart of broker 2: the gate finds the set stale and deletes it.
+        two.stop()
+        gate_sidecar = new_sidecar(policy, [two.log_dir], MockTime(int(time.time() * 1000)), scan_ms=1_000)
+        gate_sidecar.tick()
+        doc = status_of(gate_sidecar)
+        assert doc["gate"]["deleted"] == 1 and doc["gate"]["committed"] == 0, doc["gate"]
+        # The truncated segment is one of the set's sources (the divergent records that
+        # followed it in the set were cut from it, broker 1's appended).
+        assert any("the source segment" in e["message"] and "changed (size" in e["message"] for e in doc["errors"]), (
+            doc["errors"]
+        )
+        assert stage.load(pdir) is None
+        two.start()
+        _wait(lambda: _partition(one)["isr"] == [1, 2], "broker 2 in sync again")
+
+        # Broker 2 leads again and serves exactly what broker 1 served, at the same offsets.
+        offsets = one.offsets(TOPIC, 1)
+        one.stop()
+        _wait(lambda: _partition(two)["leader"] == 2, "broker 2 leading")
+        assert two.consume(TOPIC, 1)[0] == served
+        assert two.offsets(TOPIC, 1) == offsets
+        assert two.problems([TOPIC]) == [], two.problems([TOPIC])
+    finally:
+        for node in reversed(nodes):
+            if node.proc is not None:
+                os.kill(node.proc.pid, signal.SIGCONT)
+            node.stop(kill=True)
