@@ -30,10 +30,27 @@ if [ ! -f "$dest/.complete" ]; then
         stamp="$stamp -X $pkg.gitMinor=${minor%%.*} -X $pkg.gitTreeState=clean"
     done
     (cd tests/k8s/controlplane && go build -trimpath -ldflags="-s -w $stamp" -o "../../../$dest/bin/" ./cmd/...)
-    GOBIN="$PWD/$dest/bin" GOFLAGS=-trimpath go install -ldflags="-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+    # kwok, with one line of its pod controller changed: it deletes a pod by name alone, so a
+    # deletion still queued for a pod that is gone deleted the pod the StatefulSet controller
+    # had recreated under the same name (a loaded CI machine saw a broker replaced twice). The
+    # kubelet it plays deletes with the pod's UID as a precondition, "to prevent deleting a
+    # newly created pod with the same name and namespace" (pkg/kubelet/status/status_manager.go);
+    # so does this build. (go build -overlay may not replace files of the module cache: the
+    # module is copied.)
+    kwok_dir=$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+    kwok_src=$(mktemp -d)
+    cp -r "$kwok_dir/." "$kwok_src" && chmod -R u+w "$kwok_src"
+    controller="$kwok_src/pkg/kwok/controllers/pod_controller.go"
+    sed -i 's/Delete(ctx, pod.Name, deleteOpt)/Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: deleteOpt.GracePeriodSeconds, Preconditions: metav1.NewUIDPreconditions(string(pod.UID))})/' "$controller"
+    grep -q 'Preconditions: metav1.NewUIDPreconditions(string(pod.UID))' "$controller" || {
+        echo "get-controlplane: kwok $KWOK_VERSION's pod deletion is not the line this script changes" >&2
+        exit 1
+    }
+    out="$PWD/$dest/bin/kwok"
+    (cd "$kwok_src" && GOFLAGS=-trimpath go build -ldflags="-s -w" -o "$out" ./cmd/kwok)
+    rm -rf "$kwok_src"
     # kwok's controller loads no stages by itself (kwokctl passes them): its own "fast"
     # node and pod stages, from the same module.
-    kwok_dir=$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
     stages="$kwok_dir/kustomize/stage"
     for f in node/fast/node-initialize.yaml node/heartbeat/node-heartbeat.yaml pod/fast/pod-ready.yaml \
              pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
