@@ -231,10 +231,14 @@ def _digest_bytes(digests: np.ndarray) -> bytes:
 
 
 def _zeroed_buffer(size: int) -> np.ndarray:
-    """``size`` zero bytes from an anonymous mapping backed by transparent huge pages where
-    the kernel offers them: the table is touched at random, and first touches of 4 KiB
-    pages cost this VM ~2 us each (0.3 s for 128 MiB), of 2 MiB pages a third of that."""
-    mapping = mmap.mmap(-1, max(size, 1))
+    """``size`` zero bytes from a private anonymous mapping backed by transparent huge pages
+    where the kernel offers them: the table is touched at random, and a round's first touches
+    of 4 KiB pages, or reads of never-touched ones, cost ~3 us each (~100 ms for 128 MiB).
+    Private, because a shared anonymous mapping (``mmap.mmap(-1, n)``'s default) is shmem,
+    which gets huge pages only where ``shmem_enabled`` says so (rarely): with it, a round of
+    200 k keys put in 150-190 ms, not 37-43 ms, and a 2,000-key round's scan of the map took
+    85-93 ms, not 5-6 ms (this VM, 2026-11-27)."""
+    mapping = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     with contextlib.suppress(AttributeError, OSError):
         mapping.madvise(mmap.MADV_HUGEPAGE)
     return np.frombuffer(mapping, dtype=np.uint8, count=size)
