@@ -38,13 +38,14 @@ def _done(log_dir: Path, mode: str) -> int:
 
 @pytest.mark.parametrize("mode", ["compact", "stage"])
 def test_sigterm_during_a_clean(tmp_path: Path, make_log_dir, mode: str) -> None:
-    """8 partitions of ~16 MB cleaned at 0.5 MB/s. Kafka's throttle first checks the rate
-    300 ms after it starts, and the unthrottled engine cleans ~350 MB/s on a quiet machine, so
-    the pass must be over ~100 MB for the throttle to hold a round in flight (then for
-    minutes, in whichever partition the check falls: on a loaded machine, the first);
+    """8 partitions of ~48 MB cleaned at 0.5 MB/s. Kafka's throttle first checks the rate
+    300 ms after it starts, and the unthrottled engine cleans these records at 300-600 MB/s, so
+    the pass must be well over 200 MB for the throttle to hold a round in flight (then for
+    minutes, in whichever partition the check falls: on a loaded machine, the first). With
+    ~16 MB partitions (96 MB to clean) a fast run finished the pass in 300 ms, unthrottled.
     SIGTERM lands in the middle of the pass."""
     data = make_log_dir(
-        topics=2, partitions=4, records=16_000, value_bytes=1_000, keys=800, segment_bytes=4 << 20, compression="none"
+        topics=2, partitions=4, records=48_000, value_bytes=1_000, keys=800, segment_bytes=4 << 20, compression="none"
     )
     before = _live(data)
     policy = write_policy(
