@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -71,21 +70,11 @@ def _wait(predicate, what: str, timeout_s: float = 90.0):
 def _elect_uncleanly(broker: RealBroker) -> str:
     """Kafka's own kafka-leader-election, UNCLEAN, until it succeeds (the controller must have
     fenced the old leader first)."""
-    command = broker._java(
-        "org.apache.kafka.tools.LeaderElectionCommand",
-        "--bootstrap-server",
-        broker.bootstrap,
-        "--election-type",
-        "unclean",
-        "--topic",
-        TOPIC,
-        "--partition",
-        "0",
-    )
+    args = ("--bootstrap-server", broker.bootstrap, "--election-type", "unclean", "--topic", TOPIC, "--partition", "0")
 
     def elect() -> str | None:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-        return out.stdout if "Successfully completed leader election" in out.stdout else None
+        out = broker.run_tool("org.apache.kafka.tools.LeaderElectionCommand", *args, check=False)
+        return out if "Successfully completed leader election" in out else None
 
     return _wait(elect, "an unclean election of broker 1")
 
