@@ -39,6 +39,7 @@ if [ ! -f "$dest/.complete" ]; then
     # module is copied.)
     kwok_dir=$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
     kwok_src=$(mktemp -d)
+    trap 'rm -rf "$kwok_src"' EXIT  # also when the check or the build below fails
     cp -r "$kwok_dir/." "$kwok_src" && chmod -R u+w "$kwok_src"
     controller="$kwok_src/pkg/kwok/controllers/pod_controller.go"
     sed -i 's/Delete(ctx, pod.Name, deleteOpt)/Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: deleteOpt.GracePeriodSeconds, Preconditions: metav1.NewUIDPreconditions(string(pod.UID))})/' "$controller"
@@ -48,7 +49,6 @@ if [ ! -f "$dest/.complete" ]; then
     }
     out="$PWD/$dest/bin/kwok"
     (cd "$kwok_src" && GOFLAGS=-trimpath go build -ldflags="-s -w" -o "$out" ./cmd/kwok)
-    rm -rf "$kwok_src"
     # kwok's controller loads no stages by itself (kwokctl passes them): its own "fast"
     # node and pod stages, from the same module.
     stages="$kwok_dir/kustomize/stage"
