@@ -25,6 +25,8 @@ from sidecar_helpers import new_sidecar, next_scan, status_of, write_policy
 
 from cleaner.clock import MockTime
 from cleaner.sidecar import stage
+from cleaner.storage.log_dir import LogDirectory
+from cleaner.storage.topic_partition import TopicPartition
 
 pytestmark = [pytest.mark.slow, EACH_KAFKA_LINE]
 
@@ -131,6 +133,13 @@ def test_a_set_staged_over_records_a_truncation_discards_is_deleted_at_the_gate(
         _wait(lambda: _partition(two)["isr"] == [2], "broker 1 out of the ISR")
         divergent = _records(b"divergent", 1_000)
         two.produce(TOPIC, divergent)
+        # The sidecar stages only below the high watermark broker 2 has checkpointed
+        # (replication-offset-checkpoint, every replica.high.watermark.checkpoint.interval.ms).
+        hw_on_disk = LogDirectory(two.log_dir, read_only=True).high_watermarks
+        _wait(
+            lambda: hw_on_disk().get(TopicPartition(TOPIC, 0), 0) >= len(shared) + len(divergent),
+            "broker 2's checkpointed high watermark",
+        )
 
         # Broker 2's sidecar stages a set over them while it serves.
         pdir = two.log_dir / f"{TOPIC}-0"
