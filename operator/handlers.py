@@ -861,14 +861,21 @@ class Operator:
         if not sts_name or target.get("injection") == Injection.WEBHOOK.value:
             return
         workload, strategy, told = Workload("StatefulSet", sts_name, namespace), _strategy(body), ""
+        name = body["metadata"]["name"]
         while True:
             sts = await self.call(kube.read_statefulset, namespace, sts_name)
             if sts is None:
                 return
+            template = (sts.get("spec") or {}).get("template") or {}
+            owner = ((template.get("metadata") or {}).get("annotations") or {}).get(POLICY_ANNOTATION)
+            if owner is not None and owner != name:
+                # Another policy's sidecar is in the template (this one stalled on a
+                # TargetConflict, or another took the StatefulSet over): a hold is that
+                # policy's rollout, and releasing it would roll every broker at once.
+                return
             selector = label_selector_string((sts.get("spec") or {}).get("selector") or {})
             views = [pod_view(p) for p in await self.call(kube.list_pods, namespace, selector)] if selector else []
             # This policy's sidecar only (a pod injected by hand, or by another policy, stays).
-            name = body["metadata"]["name"]
             waiting = pending([v for v in views if not v.deleting and v.policy == name], None)
             settled = _settled(views, expected_pod_names(workload, sts))
             if not waiting and settled:

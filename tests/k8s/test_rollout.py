@@ -322,6 +322,32 @@ def test_ondelete_gives_the_sidecar_to_the_pod_someone_deletes(cluster: ApiClust
                  what="one pod pending")  # fmt: skip
 
 
+def test_deleting_a_policy_that_lost_a_target_conflict_leaves_the_owners_hold(cluster: ApiCluster) -> None:
+    """A second policy for the same StatefulSet stalls (TargetConflict) and injects nothing.
+    Deleting it must leave the first policy's Manual hold alone: its finalizer released it
+    (no pod of its own was waiting), and the StatefulSet controller would then have rolled
+    every broker to the first policy's sidecar at once (seen in a fresh-clone CI run, where
+    the two finalizers' releases collided with a 422)."""
+    before = _brokers(cluster, 2)
+    with running_operator(expected_warnings=("OverlappingPolicies", "TargetConflict")):
+        _create(cluster, policy("owner", target=sts_target()))
+        wait_for(lambda: cluster.status("owner").get("rollout", {}).get("pending") == 2, timeout=TIMEOUT,
+                 what="two pending pods")  # fmt: skip
+        held = cluster.sts()
+        assert held["spec"]["updateStrategy"]["rollingUpdate"]["partition"] == 2
+        _create(cluster, policy("second", target=sts_target()))
+        wait_for(lambda: cluster.condition("second", "Stalled").get("reason") == "TargetConflict", timeout=TIMEOUT,
+                 what="the second policy stalled")  # fmt: skip
+        cluster.custom.delete_namespaced_custom_object(G, V, NS, P, "second")
+        wait_for(lambda: cluster.policy("second") is None, timeout=TIMEOUT, what="the second policy gone")
+        sts = cluster.sts()  # whatever its finalizer did to the StatefulSet, it did before it went
+        assert sts["spec"]["updateStrategy"] == held["spec"]["updateStrategy"]
+        assert sts["metadata"]["annotations"][UPDATE_STRATEGY_ANNOTATION] == held["metadata"]["annotations"][
+            UPDATE_STRATEGY_ANNOTATION]
+        assert _uids(_pods(cluster)) == _uids(before)
+        assert cluster.status("owner")["rollout"]["pending"] == 2
+
+
 def test_switching_from_manual_to_paced_changes_the_hold(cluster: ApiCluster) -> None:
     """Paced under a Manual partition would delete a pod that comes back unchanged: the hold
     follows the strategy, so the first paced pod comes back with the sidecar."""
