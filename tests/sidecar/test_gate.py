@@ -117,12 +117,13 @@ class WorkingClock(ThrottledClock):
 
 
 def _wait_for_a_clean_in_flight(data: Path, clock: ThrottledClock | None = None) -> None:
-    """Until a ``.cleaned`` file exists. The map pass before it takes some 1000 throttle sleeps
-    of 2 ms real time each: a few seconds alone, several times that on a loaded 2-core CI
-    machine. With ``clock``, the clock moves on meanwhile (20 ms a poll), as a wall clock would:
-    a cleaner thread whose first round found nothing to take backs off ``backoffMs`` on it, and
-    would otherwise wait for a clock that nothing moves; the moving clock also lets the
-    throttle go faster, so a clean that already finished (its checkpoint written) counts too."""
+    """Until a ``.cleaned`` file exists. On a clock that moves (``clock`` below, or a
+    ``WorkingClock``) the map pass before it takes some 1000 throttle sleeps of 2 ms real time
+    each: a few seconds alone, several times that on a loaded 2-core CI machine. With
+    ``clock``, the clock moves on meanwhile (20 ms a poll), as a wall clock would: a cleaner
+    thread whose first round found nothing to take backs off ``backoffMs`` on it, and would
+    otherwise wait for a clock that nothing moves; the moving clock also lets the throttle go
+    faster, so a clean that already finished (its checkpoint written) counts too."""
     deadline = time.monotonic() + 120
     checkpoint = data / CLEANER_OFFSET_CHECKPOINT
     while not any(p.name.endswith(".cleaned") for p in data.glob("*/*")):
