@@ -53,6 +53,7 @@ from compaction_operator.injection import (
     pod_from_template,
     removal_patch,
     template_patch,
+    template_policy,
 )
 from compaction_operator.kube import GROUP, PLURAL, VERSION, ApiException, Kube, load_config
 from compaction_operator.rollout import (
@@ -475,7 +476,7 @@ class Operator:
         if sts is None:
             raise Stalled("TargetNotFound", f"StatefulSet {sts_name} not found in namespace {namespace}")
         template = (sts.get("spec") or {}).get("template") or {}
-        owner = ((template.get("metadata") or {}).get("annotations") or {}).get(POLICY_ANNOTATION)
+        owner = template_policy(template)
         if owner not in (None, policy.name) and find_sidecar(template.get("spec") or {}) is not None:
             raise Stalled("TargetConflict", f"StatefulSet {sts_name} already carries the sidecar of "
                           f"CompactionPolicy {owner}")
@@ -541,8 +542,7 @@ class Operator:
         for sts in await self.call(kube.list_statefulsets, namespace):
             sts_name = sts["metadata"]["name"]
             template = (sts.get("spec") or {}).get("template") or {}
-            if sts_name == keep or ((template.get("metadata") or {}).get("annotations") or {}).get(
-                    POLICY_ANNOTATION) != name:
+            if sts_name == keep or template_policy(template) != name:
                 continue
             patch = removal_patch(template, sts["metadata"]["resourceVersion"])
             if patch is None:
@@ -866,8 +866,7 @@ class Operator:
             sts = await self.call(kube.read_statefulset, namespace, sts_name)
             if sts is None:
                 return
-            template = (sts.get("spec") or {}).get("template") or {}
-            owner = ((template.get("metadata") or {}).get("annotations") or {}).get(POLICY_ANNOTATION)
+            owner = template_policy((sts.get("spec") or {}).get("template") or {})
             if owner is not None and owner != name:
                 # Another policy's sidecar is in the template (this one stalled on a
                 # TargetConflict, or another took the StatefulSet over): a hold is that

@@ -78,6 +78,7 @@ __all__ = [
     "selector_matches",
     "sidecar_args",
     "template_patch",
+    "template_policy",
 ]
 
 SIDECAR_CONTAINER = "kafka-cleaner"
@@ -426,6 +427,11 @@ def find_sidecar(pod_spec: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] |
         if container is not None:
             return list_name, container
     return None
+
+
+def template_policy(template: Mapping[str, Any]) -> str | None:
+    """The CompactionPolicy whose sidecar a pod template carries (its annotation), if any."""
+    return ((template.get("metadata") or {}).get("annotations") or {}).get(POLICY_ANNOTATION)
 
 
 def has_data_volume(pod_spec: Mapping[str, Any], volume: str,
