@@ -122,24 +122,48 @@ class LeaseElector:
         return False
 
     def keep_leading(self, stop: threading.Event, on_lost: Callable[[], None]) -> threading.Thread:
-        """Renew in a daemon thread until ``stop``; call ``on_lost`` once renewals have failed
-        for ``renew_deadline``."""
+        """Renew in a daemon thread until ``stop``; call ``on_lost`` once, when another replica
+        took the Lease or when it has not been renewed for ``renew_deadline``.
+
+        The deadline is kept by a watchdog thread of its own: a renewal hanging on an
+        unreachable API server must not keep this replica acting past the moment another may
+        take the Lease (``lease_duration`` after the last renewal it saw). ``renew_deadline``
+        is shorter than that, so the leader is fenced before anyone else can lead.
+        """
+        renewed_at = [self.time.milliseconds()]  # the caller has just acquired or renewed
+        lost = threading.Event()
+        lost_guard = threading.Lock()
+
+        def lose() -> None:
+            with lost_guard:
+                if lost.is_set():
+                    return
+                lost.set()
+            on_lost()
 
         def renew() -> None:
-            last = self.time.milliseconds()
-            while not self.time.wait(stop, self.retry_period * 1000):
+            while not self.time.wait(stop, self.retry_period * 1000) and not lost.is_set():
                 try:
                     if self.try_acquire_or_renew():
-                        last = self.time.milliseconds()
+                        renewed_at[0] = self.time.milliseconds()
                         continue
                     log.error("Another replica took the lease %s/%s.", self.namespace, self.name)
-                except Exception as exc:
+                    lose()
+                    return
+                except Exception as exc:  # the watchdog decides when failures have lasted too long
                     log.warning("Could not renew the lease: %s", exc)
-                    if self.time.milliseconds() - last < self.renew_deadline * 1000:
-                        continue
-                on_lost()
-                return
 
-        thread = threading.Thread(target=renew, name="lease-renewal", daemon=True)
-        thread.start()
+        def watchdog() -> None:
+            while not stop.is_set() and not lost.is_set():
+                left = renewed_at[0] + self.renew_deadline * 1000 - self.time.milliseconds()
+                if left <= 0:
+                    log.error("The lease %s/%s was not renewed for %s s.", self.namespace, self.name,
+                              self.renew_deadline)
+                    lose()
+                    return
+                self.time.wait(stop, left)
+
+        for target, name in ((watchdog, "lease-deadline"), (renew, "lease-renewal")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
         return thread

@@ -10,8 +10,8 @@ Until it wins, a replica is a *follower*: it reconciles nothing, but if the webh
 enabled it serves it (kopf with just the policy index and the mutating handler), so every
 replica behind the webhook Service answers. A follower is ready (/readyz) once its webhook
 answers, so rolling updates of the Deployment proceed. On winning, it stops the follower run and starts the full
-operator. A leader that cannot renew its Lease stops and exits with status 1, to be restarted
-as a follower.
+operator. A leader that cannot renew its Lease within the renew deadline exits at once with
+status 1 (nothing it started may write after that), to be restarted as a follower.
 """
 
 from __future__ import annotations
@@ -132,16 +132,18 @@ def _run_with_leader_election(config: OperatorConfig, ready: threading.Event, we
     elector = LeaseElector(Kube(kubernetes.client.ApiClient()), namespace=config.lease_namespace,
                            name=config.lease_name, identity=config.identity, lease_duration=config.lease_duration,
                            renew_deadline=config.renew_deadline, retry_period=config.retry_period)
-    giving_up, leading, lost = threading.Event(), threading.Event(), threading.Event()
+    giving_up, leading = threading.Event(), threading.Event()
     follower, leader = _Run(), _Run()
     metrics.LEADER.set(0)
 
     def on_lost() -> None:
-        log.error("Lost the lease %s/%s: stopping.", config.lease_namespace, config.lease_name)
+        # Fenced at once: a graceful stop would let kopf's handlers in flight go on writing
+        # (deleting a broker, patching a StatefulSet) while another replica takes the Lease.
+        # The process exits, as client-go's controllers do, and restarts as a follower.
+        log.error("Lost the lease %s/%s: exiting.", config.lease_namespace, config.lease_name)
         metrics.LEADER.set(0)
-        lost.set()
-        follower.stop()
-        leader.stop()
+        logging.shutdown()
+        os._exit(1)
 
     def lead() -> None:
         elector.keep_leading(giving_up, on_lost)  # renew from now on, whatever the main thread does
@@ -174,15 +176,15 @@ def _run_with_leader_election(config: OperatorConfig, ready: threading.Event, we
             signal.signal(signal.SIGINT, lambda *_: giving_up.set())
             while not leading.wait(0.5) and not giving_up.is_set():
                 pass
-        if not leading.is_set() or lost.is_set() or giving_up.is_set():
-            return 1 if lost.is_set() else 0  # stopped by a signal while following
+        if not leading.is_set() or giving_up.is_set():
+            return 0  # stopped by a signal while following
         log.info("Leading as %s: starting the operator.", config.identity)
         leader.run(config, ready=ready, webhook_ready=webhook_ready)
     finally:
         giving_up.set()
-        if leading.is_set() and not lost.is_set():
+        if leading.is_set():
             elector.release()
-    return 1 if lost.is_set() else 0
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

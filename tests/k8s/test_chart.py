@@ -405,6 +405,16 @@ def test_several_replicas_get_a_disruption_budget(helm_template: Render) -> None
     assert percent["spec"]["maxUnavailable"] == "50%"
 
 
+def test_two_operators_never_run_side_by_side(helm_template: Render) -> None:
+    """Without leader election nothing stops two operators acting at once, so an upgrade must
+    not overlap the old pod and the new one (a RollingUpdate would); with a Lease the new pod
+    waits as a follower, and a rolling update keeps the webhook served."""
+    [alone] = by_kind(helm_template({}), "Deployment")
+    assert alone["spec"]["strategy"] == {"type": "Recreate"}
+    [elected] = by_kind(helm_template(ALL_ON), "Deployment")
+    assert "strategy" not in elected["spec"]  # Kubernetes' default RollingUpdate
+
+
 # -------------------------------------------------------------------------------------------
 # Monitoring
 # -------------------------------------------------------------------------------------------
