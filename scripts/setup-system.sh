@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# Debian packages the test suite needs, installed only when missing:
-#   java (PySpark, the real Kafka broker), maven (Kafka's jars from Maven Central), lua5.4 (Argo CD health check tests), prometheus (real scrape tests).
+# Debian packages, installed only when missing, for what the caller sets up:
+#   core   cargo (the compiled core, native/): all `make demo` needs
+#   kafka  java and maven (Apache Kafka's jars and broker): `make demo-kafka`
+#   all    (default) the above, lua5.4 (Argo CD health check tests) and prometheus (real
+#          scrape tests): `make test`; java also runs PySpark
 # Needs root for apt-get; without root it says what is missing and carries on, so
 # `make demo` still works on a developer laptop.
+#   scripts/setup-system.sh [core|kafka|all]...
 set -euo pipefail
+want=" ${*:-all} "
+has() { [[ "$want" == *" $1 "* || "$want" == *" all "* ]]; }
 missing=()
-command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
-command -v mvn >/dev/null 2>&1 || missing+=(maven)
-command -v lua5.4 >/dev/null 2>&1 || missing+=(lua5.4)
-command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
-# The compiled core (native/) needs a Rust toolchain: the machine's rustup, or Debian's.
+# The compiled core needs a Rust toolchain: the machine's rustup, or Debian's.
 command -v cargo >/dev/null 2>&1 || missing+=(cargo)
+if has kafka; then
+    command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+    command -v mvn >/dev/null 2>&1 || missing+=(maven)
+fi
+if has all; then
+    command -v lua5.4 >/dev/null 2>&1 || missing+=(lua5.4)
+    command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
     echo "setup-system: not root; please install: ${missing[*]} (apt-get install -y ...)" >&2
