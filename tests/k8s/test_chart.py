@@ -405,6 +405,16 @@ def test_several_replicas_get_a_disruption_budget(helm_template: Render) -> None
     assert percent["spec"]["maxUnavailable"] == "50%"
 
 
+def test_resource_names_do_not_repeat_the_release(helm_template: Render) -> None:
+    """The README installs the release ``kafka-cleaner``: its objects are ``kafka-cleaner-operator``
+    (not ``kafka-cleaner-kafka-cleaner-operator``); another release name still prefixes them."""
+    for release, name in (("kafka-cleaner", "kafka-cleaner-operator"),
+                          ("kafka-cleaner-operator", "kafka-cleaner-operator"),
+                          ("kco", "kco-kafka-cleaner-operator")):
+        [deployment] = by_kind(helm_template({}, release=release), "Deployment")
+        assert deployment["metadata"]["name"] == name, release
+
+
 def test_two_operators_never_run_side_by_side(helm_template: Render) -> None:
     """Without leader election nothing stops two operators acting at once, so an upgrade must
     not overlap the old pod and the new one (a RollingUpdate would); with a Lease the new pod

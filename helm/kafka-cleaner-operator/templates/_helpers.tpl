@@ -10,6 +10,9 @@
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
 {{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else if hasPrefix .Release.Name $name }}
+{{- /* The README's release "kafka-cleaner": kafka-cleaner-operator, not kafka-cleaner-kafka-cleaner-operator */}}
+{{- $name | trunc 63 | trimSuffix "-" }}
 {{- else }}
 {{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
 {{- end }}
