@@ -21,9 +21,13 @@ min.cleanable.dirty.ratio, max.compaction.lag.ms
 =========================== ===================================================================
 
 A key the cluster does not set takes the policy's value, which is Kafka's default unless
-the rule says otherwise. Every value carries its source (``cluster``, ``policy`` or
-``default``), which ``status`` shows. Without a metadata log (ZooKeeper-era dirs, or a
-log dir that is not ``metadata.log.dir``) the policy's values stand, and ``status`` says so.
+the rule says otherwise; for the keys that keep the longer value, the cluster's value is then
+Kafka's default, so a policy never shortens a promise the cluster makes by setting nothing.
+Static settings in the brokers' ``server.properties`` (``log.cleaner.delete.retention.ms``)
+are not on the disk: set them on the policy too, or as dynamic cluster defaults. Every value
+carries its source (``cluster``, ``policy`` or ``default``), which ``status`` shows. Without a
+metadata log (ZooKeeper-era dirs, or a log dir that is not ``metadata.log.dir``) the policy's
+values stand, and ``status`` says so.
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ def _longer(policy: int, cluster: int) -> int:
 
 
 _Merge = Callable[[object, object], object]
+
+#: Keys whose merge keeps the longer value: what the cluster promised its consumers. Where a
+#: metadata log is read and sets none of them, the cluster promises Kafka's default (a policy's
+#: shorter ``deleteRetentionMs`` must not drop tombstones before Kafka's 24 hours).
+PROMISES = frozenset({"delete.retention.ms", "min.compaction.lag.ms", "retention.ms", "retention.bytes"})
 
 #: Kafka key -> how the policy's and the cluster's values combine.
 MERGE_RULES: dict[str, _Merge] = {
@@ -103,20 +112,26 @@ def effective_rule(rule: TopicRule, cluster: Mapping[str, ConfigValue] | None) -
         policy_value = getattr(rule, f.name)
         source = DEFAULT if policy_value == getattr(defaults, f.name) else POLICY
         known = cluster.get(key) if cluster else None
+        cluster_value: object = None
+        whose = "the cluster's"
         if known is not None:
             try:
                 cluster_value = _parse(policy_value, known.value)
             except ValueError:
                 notes.append(f"{key}: the cluster's value {known.value!r} does not parse; the policy's stands")
-                cluster_value = None
-            if cluster_value is not None:
-                merged = MERGE_RULES[key](policy_value, cluster_value)
-                if merged != policy_value:
-                    changes[f.name] = merged
-                    if source == POLICY:
-                        notes.append(f"{key}: the policy's {policy_value} gave way to the cluster's {cluster_value}")
-                if merged == cluster_value and (merged != policy_value or source == DEFAULT):
-                    source = CLUSTER
+        elif cluster is not None and key in PROMISES:
+            # Nothing in the metadata sets it: the cluster promises Kafka's default.
+            cluster_value, whose = getattr(defaults, f.name), "Kafka's default"
+        if cluster_value is not None:
+            merged = MERGE_RULES[key](policy_value, cluster_value)
+            if merged != policy_value:
+                changes[f.name] = merged
+                if source == POLICY:
+                    notes.append(f"{key}: the policy's {policy_value} gave way to {whose} {cluster_value}")
+            if known is None:
+                source = DEFAULT if merged != policy_value else source
+            elif merged == cluster_value and (merged != policy_value or source == DEFAULT):
+                source = CLUSTER
         sources[key] = source
     # Kafka requires min.compaction.lag.ms <= max.compaction.lag.ms; a longer promised
     # minimum lifts the policy's maximum with it.

@@ -186,6 +186,22 @@ def test_merge_without_a_metadata_log_is_the_policy() -> None:
     assert eff.sources["segment.bytes"] == DEFAULT
 
 
+def test_a_cluster_that_sets_nothing_promises_kafkas_defaults() -> None:
+    """A metadata log that sets no ``delete.retention.ms`` for the topic (nor as a dynamic
+    default): the cluster's brokers keep tombstones Kafka's 24 hours, so a policy's hour gives
+    way to that; a longer policy value stands (issue 27 item 7)."""
+    rule = TopicRule(match=".*", cleanup_policy=CleanupPolicy.COMPACT, delete_retention_ms=3_600_000,
+                     min_compaction_lag_ms=10)
+    eff = effective_rule(rule, {})
+    assert eff.rule.delete_retention_ms == 86_400_000
+    assert eff.sources["delete.retention.ms"] == DEFAULT
+    assert "delete.retention.ms: the policy's 3600000 gave way to Kafka's default 86400000" in eff.notes
+    assert eff.rule.min_compaction_lag_ms == 10  # longer than Kafka's 0: the policy's
+    assert eff.sources["min.compaction.lag.ms"] == POLICY
+    longer = effective_rule(TopicRule(match=".*", delete_retention_ms=7 * 86_400_000), {})
+    assert longer.rule.delete_retention_ms == 7 * 86_400_000 and not longer.notes
+
+
 def test_merged_lags_stay_ordered_and_tiered_logs_are_flagged() -> None:
     rule = TopicRule(match=".*", cleanup_policy=CleanupPolicy.COMPACT, max_compaction_lag_ms=1_000)
     eff = effective_rule(rule, _cluster(min_compaction_lag_ms="5000", remote_storage_enable="true"))
