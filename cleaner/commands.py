@@ -36,8 +36,10 @@ from cleaner.output import (
     print_table,
     resolve_format,
 )
-from cleaner.partition_filter import filter_options, partition_filter
+from cleaner.partition_filter import PartitionFilter, filter_options, glob_meant, partition_filter, unmatched
+from cleaner.sidecar import stage
 from cleaner.sidecar.guards import refusal_lines
+from cleaner.sidecar.logdirs import duplicate_partitions
 from cleaner.storage.log_dir import LogDirectory, is_kafka_log_dir
 from cleaner.storage.topic_partition import TopicPartition, parse_partition_dir
 
@@ -46,7 +48,7 @@ EXIT_OK, EXIT_FAIL_ON, EXIT_USAGE, EXIT_UNCLEANABLE, EXIT_LOCKED = 0, 1, 2, 3, 4
 
 def _kafka_log_dirs(ctx: click.Context, param: click.Parameter, paths: tuple[Path, ...]) -> tuple[Path, ...]:
     """Only what Kafka itself would take for a log dir (``is_kafka_log_dir``): no command
-    scans, locks or writes anything else."""
+    scans, locks or writes anything else. Then ``distinct_log_dirs``."""
     for path in paths:
         if is_kafka_log_dir(path):
             continue
@@ -56,7 +58,28 @@ def _kafka_log_dirs(ctx: click.Context, param: click.Parameter, paths: tuple[Pat
             f"{path} is not a Kafka log dir: it has no meta.properties, nor Kafka's offset checkpoint "
             "files next to partition dirs"
         )
-    return paths
+    try:
+        return distinct_log_dirs(paths)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def distinct_log_dirs(paths: Sequence[Path]) -> tuple[Path, ...]:
+    """``paths`` with each directory once (the same dir given twice, or under another name
+    through a symlink, is one log dir: a shell glob and an explicit path may well overlap).
+    A partition found in two of them raises ``ValueError``: Kafka refuses to start on such
+    a broker, and, as the sidecar does, neither copy is touched."""
+    unique: dict[Path, Path] = {}
+    for path in paths:
+        unique.setdefault(path.resolve(), path)
+    doubled = duplicate_partitions(list(unique))
+    if doubled:
+        lines = [f"  {tp}: {', '.join(map(str, where))}" for tp, where in sorted(doubled.items(), key=str)]
+        raise ValueError(
+            f"{len(doubled)} partition(s) are in more than one log dir; Kafka refuses to start on this "
+            "(keep one copy), and nothing was touched:\n" + "\n".join(lines)
+        )
+    return tuple(unique.values())
 
 
 log_dir_argument = click.argument(
@@ -73,11 +96,37 @@ policy_option = click.option(
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Policy file: a CompactionPolicy manifest or just its spec (YAML).",
 )
+MIN_NOW_MS, MAX_NOW_MS = 10**12, 10**13
+"""``--now-ms`` must be epoch milliseconds of this era: 10^12 ms is 2001-09-09 and 10^13 ms is
+2286-11-20. Below, the value is most likely seconds (any date in seconds is below 10^12
+until the year 33658), which would put every delete horizon in 1970 and let the next clean
+drop the tombstones at once; above, it is most likely micro- or nanoseconds."""
+
+
+def check_now_ms(ctx: click.Context | None, param: click.Parameter | None, value: int | None) -> int | None:
+    """Refuses a ``--now-ms`` that cannot be milliseconds of this era (``MIN_NOW_MS``)."""
+    if value is None or MIN_NOW_MS <= value < MAX_NOW_MS:
+        return value
+    if 0 <= value < MIN_NOW_MS:
+        why = f"it is before 2001-09-09 in milliseconds; seconds? then give {value * 1000}"
+    elif value >= MAX_NOW_MS:
+        why = "it is after the year 2286 in milliseconds; micro- or nanoseconds?"
+    else:
+        why = "it is before 1970"
+    raise click.BadParameter(
+        f"{value} is not epoch milliseconds of this era ({why}): delete horizons, compaction lags and producer "
+        f"expiry are computed from it; give a value from {MIN_NOW_MS} (2001-09-09) to {MAX_NOW_MS - 1} (2286-11-20)",
+        param_hint="--now-ms",
+    )
+
+
 now_option = click.option(
     "--now-ms",
     type=int,
     default=None,
-    help="Fix the clock (epoch ms) for delete horizons, compaction lags and producer expiry.",
+    callback=check_now_ms,
+    metavar="MS",
+    help="Fix the clock (epoch milliseconds, 13 digits) for delete horizons, compaction lags and producer expiry.",
 )
 threads_option = click.option(
     "--threads", type=click.IntRange(min=1), default=None, help="Cleaner threads (default: the policy's)."
@@ -147,9 +196,31 @@ def why_not(r: PartitionReport) -> str:
     return r.reason or "eligible"
 
 
+def _topics(paths: Sequence[Path]) -> list[str]:
+    return sorted({tp.topic for p in paths for tp in LogDirectory(p, read_only=True).partition_dirs()})
+
+
+def warn_unmatched_filters(paths: Sequence[Path], policy: Policy, topic: str | None) -> None:
+    """On stderr: a ``--topic`` that matches no topic in the log dirs, and a rule's ``match``
+    that matches none while it would as a shell glob (``orders-*``); a rule that matches
+    nothing otherwise is left alone (one policy may serve brokers holding other topics)."""
+    topics = _topics(paths)
+    warnings = [unmatched("--topic", topic, topics)] if topic is not None else []
+    for i, rule in enumerate(policy.topics):
+        meant = glob_meant(rule.match, topics)
+        if meant is not None:
+            warnings.append(
+                f"the policy's topics[{i}].match '{rule.match}' matches no topic here: it is a regular expression, "
+                f"matched against the whole topic name; '{meant}' would match (as the glob '{rule.match}' does)"
+            )
+    for warning in warnings:
+        if warning is not None:
+            click.echo(f"kafka-cleaner: warning: {warning}", err=True)
+
+
 def no_partitions_message(paths: Sequence[Path], policy: Policy, filtered: bool) -> str:
     """Why a command found nothing to work on: the policy's rules against the topics seen."""
-    topics = sorted({tp.topic for p in paths for tp in LogDirectory(p, read_only=True).partition_dirs()})
+    topics = _topics(paths)
     rules = ", ".join(rule.match for rule in policy.topics) or "none"
     if topics:
         seen = f"{len(topics)} topic(s) seen: {', '.join(topics[:10])}" + (", ..." if len(topics) > 10 else "")
@@ -209,6 +280,7 @@ def clean_command(
     fmt = resolve_format(output, as_json)
     only = partition_filter(topic, partitions)
     time = clock_for(now_ms)
+    warn_unmatched_filters(data_dir, policy, topic)
     with exit_codes_for_errors():
         reports = cleaning.reports(data_dir, policy, time, only=only)
     if not reports:
@@ -237,7 +309,7 @@ def clean_command(
         click.echo(json.dumps(_outcome_json(outcome, len(eligible)), indent=2))
     else:
         _print_outcome(outcome, fmt)
-        _print_summary(outcome, len(eligible))
+        _print_summary(outcome, len(eligible), fmt)
     for log_dir, tps in outcome.uncleanable.items():
         for tp, reason in tps.items():
             click.echo(f"kafka-cleaner: partition {tp} in {log_dir} is uncleanable: {reason}", err=True)
@@ -286,15 +358,15 @@ def _outcome_json(outcome: cleaning.CleanOutcome, eligible: int) -> dict:
     }
 
 
-_CLEAN_COLUMNS = [
+_CLEAN_COLUMNS = [  # drop: on a narrow terminal, the highest goes first
     Column("partition"),
-    Column("dirty section"),
-    Column("read", right=True),
+    Column("dirty section", drop=3),
+    Column("read", right=True, drop=2),
     Column("written", right=True),
-    Column("records read", right=True),
-    Column("records written", right=True),
+    Column("records read", right=True, drop=5),
+    Column("records written", right=True, drop=4),
     Column("removed", right=True),
-    Column("seconds", right=True),
+    Column("seconds", right=True, drop=1),
 ]
 
 
@@ -317,16 +389,18 @@ def _print_outcome(outcome: cleaning.CleanOutcome, fmt: str) -> None:
     print_table(fmt, "kafka-cleaner clean", _CLEAN_COLUMNS, rows)
 
 
-def _print_summary(outcome: cleaning.CleanOutcome, eligible: int) -> None:
-    """One truthful line: the cleans done of those eligible, the log's size before and
-    after, and the rate of the bytes actually read over the wall time."""
+def _print_summary(outcome: cleaning.CleanOutcome, eligible: int, fmt: str) -> None:
+    """One truthful line under the table (on stderr with ``-o tsv``, which is pure data):
+    the cleans done of those eligible, the log's size before and after, and the rate of
+    the bytes actually read over the wall time."""
     secs = outcome.elapsed_seconds
     read = _bytes_read(outcome)
     rate = f"{read / 1048576 / secs:,.1f} MiB/s" if secs > 0 else "-"
     click.echo(
         f"{len(outcome.results)} clean(s) of {eligible} eligible partition(s) in {secs:.2f} s of wall time: "
         f"log {binary_bytes(outcome.bytes_before)} -> {binary_bytes(outcome.bytes_after)}; "
-        f"read {binary_bytes(read)} ({rate})"
+        f"read {binary_bytes(read)} ({rate})",
+        err=fmt == "tsv",
     )
 
 
@@ -429,6 +503,7 @@ def run_command(
     policy = load_policy_or_exit(policy_path)
     require_compact_mode(policy, policy_path, force_mode, "run")
     only = partition_filter(topic, partitions)
+    warn_unmatched_filters(data_dir, policy, topic)
     time = clock_for(now_ms)
     log_dirs = [LogDirectory(p) for p in data_dir]
     stop = threading.Event()
@@ -493,8 +568,9 @@ def status_command(
 ) -> None:
     """Per partition: first dirty offset, clean/cleanable/held-back bytes, cleanable
     ratio, eligible now or why not, compaction delay, tombstones and the oldest one's
-    age; below the table, why a partition is held back, what the next clean would meet and
-    the open transaction holding the LSO. Read-only: safe next to a live broker."""
+    age; below the table, why a partition is held back (the damage a clean would meet, with
+    its file and byte) and the open transaction holding one back, also when it is eligible
+    below it. Read-only: safe next to a live broker."""
     states = {s.strip() for s in fail_on.split(",") if s.strip()}
     if states - set(FAIL_ON):
         raise click.BadParameter(
@@ -504,19 +580,54 @@ def status_command(
     policy = load_policy_or_exit(policy_path)
     fmt = resolve_format(output, as_json)
     only = partition_filter(topic, partitions)
+    time = clock_for(now_ms)
+    warn_unmatched_filters(data_dir, policy, topic)
     with exit_codes_for_errors():
-        statuses = cleaning.status(data_dir, policy, clock_for(now_ms), next_clean=NextCleanCache(), only=only)
+        manager = _StageManager(data_dir, policy, time, only) if policy.mode is Mode.STAGE else None
+        statuses = cleaning.status(data_dir, policy, time, next_clean=NextCleanCache(), only=only, manager=manager)
+    if not statuses:  # on stderr, whatever the format
+        click.echo(f"kafka-cleaner: {no_partitions_message(data_dir, policy, only is not None)}", err=True)
     if fmt == "json":
         click.echo(json.dumps([s.as_dict() for s in statuses], indent=2))
-    elif not statuses:
-        click.echo(f"kafka-cleaner: {no_partitions_message(data_dir, policy, only is not None)}", err=True)
-    else:
+    elif statuses:
         _print_status(statuses, fmt)
     if policy.mode is Mode.STAGE and fmt != "json":  # what stage mode does with each partition
-        for line in refusal_lines([Path(d) for d in data_dir], policy):
+        for line in refusal_lines([Path(d).absolute() for d in data_dir], policy):
             click.echo(f"stage: {line}")
     if _fail_on(statuses, states):
         sys.exit(EXIT_FAIL_ON)
+
+
+class _StageManager(LogCleanerManager):
+    """``status`` of a stage-mode policy: stage mode never writes the broker's
+    ``cleaner-offset-checkpoint`` (it belongs to the broker's own cleaner); each commit
+    records the partition's own ``cleaned-to`` instead, which is where its dirty section
+    starts, as the sidecar reads it."""
+
+    def __init__(self, paths: Sequence[Path], policy: Policy, time: Time, only: PartitionFilter | None) -> None:
+        log_dirs = [LogDirectory(p, read_only=True) for p in paths]
+        super().__init__(log_dirs, policy, time, write_checkpoints=False, only=only)
+
+    def all_cleaner_checkpoints(self) -> dict[TopicPartition, int]:
+        out = super().all_cleaner_checkpoints()
+        for tp, managed in self.logs().items():
+            if tp not in out and (offset := stage.cleaned_to(managed.log.dir)) is not None:
+                out[tp] = offset
+        return out
+
+
+def _lso_line(s: cleaning.PartitionStatus) -> str:
+    """The open transaction that holds a partition back, with what ``kafka-transactions.sh
+    abort`` needs, whether or not the partition is eligible below it."""
+    r, holder = s.report, s.report.lso_holder
+    if holder is None:
+        return f"{r.topic_partition}: {why_not(r)}"
+    age = s.lso_holder_view()["ageSeconds"] if holder.start_timestamp_ms is not None else None
+    return (
+        f"{r.topic_partition}: an open transaction holds it back from offset {r.first_uncleanable_offset}: producer "
+        f"{holder.producer_id} (epoch {holder.producer_epoch}), open since offset {holder.first_offset}"
+        + (f" for {Duration(age)}" if age is not None else "")
+    )
 
 
 def _fail_on(statuses: list[cleaning.PartitionStatus], states: set[str]) -> bool:
@@ -534,19 +645,19 @@ def _fail_on(statuses: list[cleaning.PartitionStatus], states: set[str]) -> bool
     return failed
 
 
-_STATUS_COLUMNS = [
+_STATUS_COLUMNS = [  # drop: on a narrow terminal, the highest goes first
     Column("partition"),
-    Column("segments", right=True),
-    Column("size", right=True),
-    Column("first dirty", right=True),
-    Column("clean", right=True),
+    Column("segments", right=True, drop=9),
+    Column("size", right=True, drop=4),
+    Column("first dirty", right=True, drop=7),
+    Column("clean", right=True, drop=8),
     Column("cleanable", right=True),
-    Column("held back", right=True),
+    Column("held back", right=True, drop=5),
     Column("ratio", right=True),
     Column("eligible"),
-    Column("compaction delay", right=True),
-    Column("tombstones", right=True),
-    Column("oldest tombstone age", right=True),
+    Column("compaction delay", right=True, drop=6),
+    Column("tombstones", right=True, drop=2),
+    Column("oldest tombstone age", right=True, drop=3),
 ]
 
 
@@ -577,8 +688,9 @@ def _print_status(statuses: list[cleaning.PartitionStatus], fmt: str) -> None:
     lines = [
         f"{s.report.topic_partition}: {why_not(s.report)}"
         for s in statuses
-        if not s.report.eligible and s.report.reason not in (None, "activeSegment", "notCompacted")
+        if not s.report.eligible and s.report.reason not in (None, "activeSegment", "notCompacted", "lso")
     ]
+    lines += [_lso_line(s) for s in statuses if s.report.lso_holder is not None or s.report.reason == "lso"]
     for line in lines:
         click.echo(line)
     click.echo(

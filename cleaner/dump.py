@@ -151,8 +151,11 @@ class _Output:
     item by item), so memory stays bounded by one batch, whatever the size of the log.
     """
 
-    def __init__(self, *, as_json: bool) -> None:
+    def __init__(self, *, as_json: bool, summary: bool = False) -> None:
         self.as_json = as_json
+        self.summary = summary
+        """``--verify --summary``: no dump lines; each damaged file's first problem, then the count."""
+        self.printed_per_file = 1 if summary else _PRINTED_PER_FILE
         self._buf: list[str] = []
         self._size = 0
         self._files = 0
@@ -186,7 +189,7 @@ class _Output:
 
     def line(self, text: str) -> None:
         """A line of the text dump (ignored in JSON mode)."""
-        if not self.as_json:
+        if not self.as_json and not self.summary:
             self._write(text + "\n")
 
     # -- file results -----------------------------------------------------------------
@@ -216,7 +219,7 @@ class _Output:
         if self.as_json:
             head = json.dumps({"path": path, "type": kind, **(head or {})})
             self._write(("\n" if self._files == 0 else ",\n") + head[:-1])
-        elif kind == "skipped":
+        elif kind == "skipped" or self.summary:
             pass
         else:
             self._write(f"Dumping {path}\n")
@@ -233,7 +236,7 @@ class _Output:
         if self.as_json:
             self._write(("\n  " if self._first_item else ",\n  ") + json.dumps(obj))
             self._first_item = False
-        elif text is not None:
+        elif text is not None and not self.summary:
             self._write(text + "\n")
 
     def close_items(self) -> None:
@@ -250,7 +253,7 @@ class _Output:
         ``_PRINTED_PER_FILE`` of a file; every one is counted and is in the JSON."""
         self._problems.append(problem)
         self.problem_count += 1
-        if len(self._problems) <= _PRINTED_PER_FILE:
+        if len(self._problems) <= self.printed_per_file:
             self.flush()
             click.echo(str(problem), err=True)
 
@@ -263,10 +266,10 @@ class _Output:
             self.close_items()
         if self._problems:
             self.files_with_problems += 1
-        if len(self._problems) > _PRINTED_PER_FILE:
+        if len(self._problems) > self.printed_per_file:
             self.flush()
             click.echo(
-                f"{self._problems[0].path}: {len(self._problems) - _PRINTED_PER_FILE} more problem(s) not shown "
+                f"{self._problems[0].path}: {len(self._problems) - self.printed_per_file} more problem(s) not shown "
                 "(--json lists every one)",
                 err=True,
             )
@@ -410,10 +413,11 @@ def run_dump(
     only: PartitionFilter | None = None,
     decoder: str | None = None,
     offsets: tuple[int, int] | None = None,
+    summary: bool = False,
 ) -> int:
     """Dump ``path`` (a file, a partition directory or a whole log dir); returns the exit status.
     ``only`` (``--topic``/``--partition``) keeps the files of the partition dirs it accepts."""
-    out = _Output(as_json=as_json)
+    out = _Output(as_json=as_json, summary=summary)
     options = _Options(deep or decoder is not None, verify, max(read_buffer_bytes, RECORD_BATCH_OVERHEAD),
                        DECODERS[decoder] if decoder is not None else None, offsets)
     run = _Run(options, out)
@@ -1529,6 +1533,12 @@ def _offset_range(ctx: click.Context, param: click.Parameter, value: str | None)
     help="Check everything: CRCs, every record, offsets, and each .index/.timeindex against its .log; "
     "list every problem on stderr and exit 1 if there is any.",
 )
+@click.option(
+    "--summary",
+    is_flag=True,
+    help="With --verify: print no dump, only each damaged file's first problem and how many more it has, "
+    "and the count of problems and files (on stderr).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Write one JSON document (a list of file results) to stdout.")
 @click.option(
     "--read-buffer-bytes",
@@ -1564,6 +1574,7 @@ def dump(
     path: str,
     deep: bool,
     verify: bool,
+    summary: bool,
     as_json: bool,
     read_buffer_bytes: int,
     print_data: bool,
@@ -1582,6 +1593,8 @@ def dump(
     no problem was found, 1 when any was (a bad CRC or an unreadable file also without
     --verify), 2 for usage errors.
     """
+    if summary and (not verify or as_json):
+        raise click.UsageError("--summary goes with --verify (and not --json, which lists every problem)")
     try:
         status = run_dump(
             path,
@@ -1592,6 +1605,7 @@ def dump(
             only=partition_filter(topic, partitions),
             decoder=decoder if print_data else None,
             offsets=offset_range,
+            summary=summary,
         )
     except BrokenPipeError:
         # `dump ... | head`: stop quietly, and keep Python from complaining at exit.

@@ -80,8 +80,8 @@ def _raw(cell: Cell) -> str:
         return ""
     if isinstance(cell, Bytes):
         return str(cell.n)
-    if isinstance(cell, Duration):
-        return f"{cell.seconds:g}"
+    if isinstance(cell, Duration):  # whole seconds as an integer, never 9.58511e+07
+        return str(int(cell.seconds)) if float(cell.seconds).is_integer() else str(cell.seconds)
     return str(cell).replace("\t", " ").replace("\n", " ")
 
 
@@ -89,6 +89,9 @@ def _raw(cell: Cell) -> str:
 class Column:
     name: str
     right: bool = False
+    drop: int = 0
+    """On a terminal too narrow for every column, the columns with the highest ``drop`` are
+    left out first (and named under the table); 0: always shown."""
 
 
 def output_option(f):  # type: ignore[no-untyped-def]
@@ -137,15 +140,55 @@ def print_table(fmt: str, title: str, columns: Sequence[Column], rows: Sequence[
         for r in text:
             click.echo(line(r))
         return
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title)
-    for c in columns:
-        table.add_column(c.name, justify="right" if c.right else "left")
+    console = Console()
+    keep, widths = fit_columns(columns, text, console.width)
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for i in keep:
+        c = columns[i]
+        # Every value fits its column; a name wraps at its spaces, and a partition name
+        # longer than the whole terminal folds: nothing is cut.
+        table.add_column(c.name, justify="right" if c.right else "left", width=widths[i], overflow="fold")
     for r in text:
-        table.add_row(*r)
-    Console().print(table)
+        table.add_row(*(r[i] for i in keep))
+    console.print(table)
+    left_out = [c.name for i, c in enumerate(columns) if i not in keep]
+    if left_out:
+        console.print(
+            f"(left out to fit {console.width} columns: {', '.join(left_out)}; -o wide shows every column)",
+            style="dim",
+        )
+
+
+_COLUMN_OVERHEAD = 3
+"""What the table draws around a column's values (box.SIMPLE_HEAD without edges: one
+padding on each side and a separator; the outer ones are not drawn, so this is an upper bound)."""
+
+
+def fit_columns(columns: Sequence[Column], text: Sequence[Sequence[str]], width: int) -> tuple[list[int], list[int]]:
+    """(the indexes of the columns shown in ``width`` characters, each column's width).
+
+    A column is as wide as its longest value (values are never cut) or the longest word of
+    its name (a name wraps at its spaces). Columns are left out, highest ``drop`` first,
+    until the rest fit; if the first column's values are longer than what is left of the
+    line, that one column folds its values onto more lines."""
+    widths = [max([len(w) for w in c.name.split()] + [len(r[i]) for r in text]) for i, c in enumerate(columns)]
+    keep = list(range(len(columns)))
+
+    def total(indexes: list[int]) -> int:
+        return sum(widths[i] + _COLUMN_OVERHEAD for i in indexes)
+
+    for i in sorted((i for i, c in enumerate(columns) if c.drop), key=lambda i: -columns[i].drop):
+        if total(keep) <= width:
+            break
+        keep.remove(i)
+    overflow = total(keep) - width
+    if overflow > 0:
+        widths[keep[0]] = max(widths[keep[0]] - overflow, 8)
+    return keep, widths
 
 
 # ---------------------------------------------------------------------------------------

@@ -437,7 +437,9 @@ class Cleaner:
             cleaned.set_last_modified(group[-1].last_modified_ms)
             self.check_done(ltc.topic_partition)
             log.info(
-                "Cleaner %d: Swapping in cleaned segment %s for segment(s) %s in log %s",
+                "Cleaner %d: Swapping in cleaned segment %s for segment(s) %s in log %s"
+                if rnd.commit is None  # else stage mode: kept aside, swapped in by a later commit
+                else "Cleaner %d: Staging cleaned segment %s for segment(s) %s of log %s (not swapped in yet)",
                 self.id,
                 cleaned,
                 [s.base_offset for s in group],

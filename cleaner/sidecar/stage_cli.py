@@ -22,7 +22,7 @@ import click
 from cleaner.clock import SYSTEM_TIME
 from cleaner.commands import EXIT_LOCKED, EXIT_OK, EXIT_USAGE, load_policy_or_exit
 from cleaner.output import binary_bytes
-from cleaner.storage.log_dir import is_kafka_log_dir
+from cleaner.storage.log_dir import LogDirectory, is_kafka_log_dir
 
 from . import stage
 from .guards import stage_report
@@ -34,7 +34,10 @@ def _log_dirs_or_exit(paths: tuple[Path, ...]) -> list[Path]:
         click.echo(f"kafka-cleaner: {p} is not a Kafka log dir (no meta.properties, no checkpoints)", err=True)
     if bad:
         sys.exit(EXIT_USAGE)
-    return [p.absolute() for p in paths]
+    unique: dict[Path, Path] = {}  # each directory once, however it is spelled
+    for p in paths:
+        unique.setdefault(p.resolve(), p.absolute())
+    return list(unique.values())
 
 
 @click.group("stage")
@@ -76,9 +79,14 @@ def commit_command(log_dirs: tuple[Path, ...], max_seconds: int) -> None:
     deadline = SYSTEM_TIME.nanoseconds() + max_seconds * 1_000_000_000
     code = EXIT_OK
     for d in dirs:
-        report = stage.commit_log_dir(d, SYSTEM_TIME, deadline)
-        if not report.locked:
-            click.echo(f"kafka-cleaner: a broker holds {d}/.lock: nothing committed there", err=True)
+        # Asked first, whether or not a set is staged there: a broker running is what the
+        # person (or the broker unit's ExecStartPre) needs to know.
+        report = None if LogDirectory(d).is_locked_by_broker() else stage.commit_log_dir(d, SYSTEM_TIME, deadline)
+        if report is None or not report.locked:
+            click.echo(
+                f"kafka-cleaner: a broker holds {d}/.lock: nothing committed there (commit needs the broker stopped)",
+                err=True,
+            )
             code = EXIT_LOCKED
             continue
         for tp, why in report.deleted:
