@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "spark": ("cleaner.spark.cli:spark_group", "Scale-out on Apache Spark: fleet reports, many partitions, huge ones."),
     "stage": ("cleaner.sidecar.stage_cli:stage_group", "Stage mode's staged sets: status, commit, discard."),
     "status": ("cleaner.commands:status_command", "Per partition: cleanable ratio, eligible or why not."),
+    "where": ("cleaner.where:where_command", "Every record of one key still on disk, and when each will be gone."),
 }
 """Name -> (where the command is, the line ``kafka-cleaner --help`` shows for it)."""
 

@@ -42,6 +42,7 @@ from cleaner.storage.topic_partition import METADATA_TOPIC
 METADATA_PARTITION_DIR = f"{METADATA_TOPIC}-0"
 
 TOPIC_RECORD = 2
+PARTITION_RECORD = 3
 CONFIG_RECORD = 4
 REMOVE_TOPIC_RECORD = 9
 BEGIN_TRANSACTION_RECORD = 23
@@ -54,6 +55,7 @@ RESOURCE_BROKER = 4
 _SNAPSHOT = re.compile(r"^(\d{20})-(\d{10})\.checkpoint$")
 _SEGMENT = re.compile(r"^(\d{20})\.log$")
 _INT8 = struct.Struct(">b")
+_INT32 = struct.Struct(">i")
 
 #: Topic config -> its broker-level synonyms in priority order, with the factor that turns
 #: the broker value into the topic's unit (Kafka's ``ServerTopicConfigSynonyms``). Only the
@@ -95,10 +97,18 @@ class ClusterMetadata:
     topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)
     broker_configs: dict[str, dict[str, str]] = field(default_factory=dict)
     """``""`` is the cluster-wide default; other keys are broker ids."""
+    partition_counts: dict[uuid.UUID, int] = field(default_factory=dict)
+    """Topic id -> its number of partitions (the highest ``PartitionRecord`` id + 1)."""
     end_offset: int = 0
     """The offset after the last metadata record read (snapshot included)."""
     snapshot: str | None = None
     """The snapshot file the state started from, if any."""
+
+    def partition_count(self, name: str) -> int | None:
+        """How many partitions the topic has, as the controller recorded them; None when
+        the metadata does not know the topic (what Kafka's default partitioner divides by)."""
+        topic_id = self.topics.get(name)
+        return None if topic_id is None else self.partition_counts.get(topic_id)
 
     def topic(self, name: str, broker_id: int | None = None) -> dict[str, ConfigValue]:
         """The topic's effective configs as the cluster knows them: the topic's own keys,
@@ -263,8 +273,14 @@ class _Replay:
                 name = reader.string()
                 self.state.topics[name] = reader.uuid()
                 self.state.topic_configs.pop(name, None)
+            elif api_key == PARTITION_RECORD:
+                partition = reader.int32()
+                topic_id = reader.uuid()
+                known = self.state.partition_counts.get(topic_id, 0)
+                self.state.partition_counts[topic_id] = max(known, partition + 1)
             elif api_key == REMOVE_TOPIC_RECORD:
                 topic_id = reader.uuid()
+                self.state.partition_counts.pop(topic_id, None)
                 for name, known in list(self.state.topics.items()):
                     if known == topic_id:
                         del self.state.topics[name]
@@ -298,6 +314,11 @@ class _Reader:
     def int8(self) -> int:
         (v,) = _INT8.unpack_from(self.buf, self.at)
         self.at += 1
+        return v
+
+    def int32(self) -> int:
+        (v,) = _INT32.unpack_from(self.buf, self.at)
+        self.at += 4
         return v
 
     def nullable_string(self) -> str | None:
