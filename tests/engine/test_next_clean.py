@@ -62,6 +62,10 @@ SHAPES = {
     "mostly-unique-lz4": (40_000, 200_000, 0.0, 120, "lz4"),
     "mostly-unique-zstd": (40_000, 200_000, 0.0, 120, "zstd"),
     "zipf-zstd": (60_000, 8_000, 1.1, 150, "zstd"),
+    # Past the 8,192 sampled keys, so the sample halves: the hottest keys' superseded bytes
+    # once moved the estimate by 25-30% (issue 27 item 6).
+    "zipf-past-the-sample": (150_000, 40_000, 1.1, 100, "mixed"),
+    "zipf-past-the-sample-hot": (120_000, 12_000, 1.3, 100, "lz4"),
 }
 
 
@@ -101,7 +105,7 @@ def test_estimates_match_counting_and_cleaning(tmp_path: Path, shape: str) -> No
     assert not outcome.uncleanable
     freed = outcome.bytes_before - outcome.bytes_after
     assert freed > 0
-    assert estimate.bytes_freed == pytest.approx(freed, rel=0.10), (estimate, freed)
+    assert estimate.bytes_freed == pytest.approx(freed, rel=0.05), (estimate, freed)
 
 
 def test_passes_and_the_buffer_that_makes_one_pass(tmp_path: Path) -> None:
