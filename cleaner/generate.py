@@ -99,6 +99,7 @@ __all__ = [
 ]
 
 DEFAULT_NOW_MS = 1_700_000_000_000
+HOUR_MS = 3_600_000
 """The clock when none is given: a fixed instant, so output never depends on when it ran."""
 
 COMPRESSION_CHOICES = ("none", "gzip", "snappy", "lz4", "zstd", "mixed")
@@ -230,7 +231,7 @@ class GeneratorConfig:
 
     @property
     def span_ms(self) -> int:
-        return int(self.hours * 3_600_000)
+        return int(self.hours * HOUR_MS)
 
     def topic_names(self) -> list[str]:
         return [f"{self.topic_prefix}-{t}" for t in range(self.topics)]
@@ -1055,7 +1056,13 @@ def _print_table(summary: GenerateSummary) -> None:
     "--batch-bytes", type=int, default=GeneratorConfig.batch_bytes, show_default=True, help="The producers' batch.size."
 )
 @click.option("--seed", type=int, default=GeneratorConfig.seed, show_default=True, help="Same seed, same bytes.")
-@click.option("--now-ms", type=int, default=None, help=f"The clock (epoch ms); default {DEFAULT_NOW_MS}.")
+@click.option(
+    "--now-ms",
+    type=int,
+    default=None,
+    help="The clock (epoch ms): record timestamps end at it. Default: the start of the current hour, so "
+    "ages read as on a broker's disk today; give it for the same bytes on another day.",
+)
 @click.option(
     "--hours",
     type=float,
@@ -1075,8 +1082,10 @@ def generate_command(data_dir: str, as_json: bool, **options: Any) -> None:
 
     Segments with their indexes, transaction indexes, producer snapshots, checkpoints and
     metadata, as a KRaft broker leaves them after a clean shutdown. Deterministic: the same
-    options give the same bytes.
+    options and --now-ms give the same bytes.
     """
+    if options["now_ms"] is None:  # the library's default is fixed (tests); a person's is today
+        options["now_ms"] = time.time_ns() // 1_000_000 // HOUR_MS * HOUR_MS
     config = GeneratorConfig(**options)
     try:
         config.validate()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -437,3 +438,16 @@ def test_cli_refuses_non_empty_dir_and_bad_options(tmp_path: Path) -> None:
     bad = CliRunner().invoke(main, ["generate", str(tmp_path / "n"), "--compression", "brotli"])
     assert bad.exit_code == 2
     assert not (tmp_path / "n").exists()
+
+
+def test_the_cli_clock_is_today_unless_pinned(tmp_path: Path) -> None:
+    """The quick start's ages read as on a broker's disk today (the library keeps its fixed
+    clock for tests); --now-ms pins it."""
+    today = CliRunner().invoke(main, ["generate", str(tmp_path / "a"), "--topics", "1", "--partitions", "1",
+                                      "--records", "50", "--json"])
+    assert today.exit_code == 0, today.output
+    now_ms = json.loads(today.stdout)["config"]["now_ms"]
+    assert 0 <= time.time() * 1000 - now_ms < 3_600_000 + 60_000 and now_ms % 3_600_000 == 0
+    pinned = CliRunner().invoke(main, ["generate", str(tmp_path / "b"), "--topics", "1", "--partitions", "1",
+                                       "--records", "50", "--json", "--now-ms", "1700000000000"])
+    assert json.loads(pinned.stdout)["config"]["now_ms"] == 1_700_000_000_000
