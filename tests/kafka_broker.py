@@ -90,8 +90,12 @@ class RealBroker:
         node_id: int = 1,
         roles: str = "broker,controller",
         quorum: RealBroker | None = None,
+        user: tuple[int, int] | None = None,
     ) -> None:
         self.root = Path(root)
+        # (uid, gid) the broker and its format run as (root only; ``root``'s parent must be
+        # traversable by it): its files are that uid's, as in a container. None: this process's.
+        self.user = user
         self.line = line
         self.log_dir = self.root / "kafka-logs"
         self.metadata_dir = self.root / "metadata" if separate_metadata else self.log_dir
@@ -136,6 +140,8 @@ class RealBroker:
             **(extra or {}),
         }
         self.root.mkdir(parents=True, exist_ok=True)
+        if user is not None:
+            os.chown(self.root, *user)
         self._write_config()
         self._format()
 
@@ -164,6 +170,11 @@ class RealBroker:
             *args,
         ]
 
+    def _as_user(self) -> dict[str, object]:
+        if self.user is None:
+            return {}
+        return {"user": self.user[0], "group": self.user[1], "extra_groups": [self.user[1]]}
+
     def _format(self) -> None:
         out = subprocess.run(
             self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(self.config)),
@@ -171,6 +182,7 @@ class RealBroker:
             text=True,
             timeout=120,
             check=False,
+            **self._as_user(),  # type: ignore[call-overload]
         )
         assert out.returncode == 0, out.stdout + out.stderr
 
@@ -195,7 +207,10 @@ class RealBroker:
         log = open(self.log_file, "ab")  # noqa: SIM115 - the child writes it; closed at once here
         try:
             self.proc = subprocess.Popen(
-                self._java("kafka.Kafka", str(self.config)), stdout=log, stderr=subprocess.STDOUT
+                self._java("kafka.Kafka", str(self.config)),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                **self._as_user(),  # type: ignore[call-overload]
             )
         finally:
             log.close()

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -35,3 +38,35 @@ def as_user(uid: int, gid: int, groups: list[int], work: Callable[[], Any]) -> A
     result = json.loads(data)
     assert os.waitstatus_to_exitcode(status) == 0, result
     return result
+
+
+def killed_while_holding(log_dir: Path, uid: int, gid: int, groups: list[int], *, timeout_s: float = 60.0) -> None:
+    """A forked child running as ``uid``/``gid`` with ``groups`` takes ``log_dir``'s lock as a
+    commit does (``LogDirLock``), and is SIGKILLed while it holds it."""
+    from cleaner.storage.lock import LogDirLock
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(r)
+            os.setgroups(groups)
+            os.setgid(gid)
+            os.setuid(uid)
+            held = LogDirLock(log_dir).acquire()  # noqa: F841 - held until killed
+            os.write(w, b"locked")
+            while True:
+                signal.pause()
+        except BaseException as e:
+            os.write(w, repr(e).encode())
+        os._exit(1)
+    os.close(w)
+    try:
+        ready, _, _ = select.select([r], [], [], timeout_s)
+        assert ready, f"the child (uid {uid}) did not report taking the lock of {log_dir} within {timeout_s} s"
+        said = os.read(r, 4096)
+        assert said == b"locked", said
+    finally:
+        os.close(r)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)

@@ -769,7 +769,7 @@ class _CompactController(_Controller):
         for d in sc.log_dirs:
             if d in doubled:
                 continue
-            lock = LogDirLock(d, remove_created=True)
+            lock = LogDirLock(d)
             try:
                 lock.acquire()
             except LogDirLockedError:

@@ -60,6 +60,8 @@ from cleaner.storage.loader import apply_startup_plan, offset_of, regular_files,
 from cleaner.storage.lock import LogDirLock
 from cleaner.storage.log import Log, LogConfig
 from cleaner.storage.metadata import read_leader_epoch_checkpoint
+from cleaner.storage.ownership import Owner, make_usable_by
+from cleaner.storage.ownership import groups as _groups
 from cleaner.storage.segment import (
     CLEANED_SUFFIX,
     LOG_SUFFIX,
@@ -224,21 +226,6 @@ def cleaned_to(partition_dir: Path) -> int | None:
 # -- staging ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Owner:
-    """Who must be able to open the staged files: the owner of the partition's segments
-    (the broker's uid and group)."""
-
-    uid: int
-    gid: int
-
-    @classmethod
-    def of(cls, partition_dir: Path) -> Owner:
-        logs = sorted(n for n in regular_files(partition_dir) if n.endswith(LOG_SUFFIX))
-        st = (partition_dir / logs[0]).stat() if logs else partition_dir.stat()
-        return cls(st.st_uid, st.st_gid)
-
-
 def uid_refusal(partition_dir: Path) -> str | None:
     """Why files this process would stage in ``partition_dir`` could not be opened read-write
     by the broker (the owner of the segments), before anything is written; None if they
@@ -262,34 +249,6 @@ def uid_refusal(partition_dir: Path) -> str | None:
             f"write get group {gid}, not the broker's group {owner.gid}: the broker could not open them "
             "(run the sidecar as the broker's uid, or with the broker's group, e.g. the pod's fsGroup)"
         )
-    return None
-
-
-def _groups() -> set[int]:
-    return {os.getegid(), *os.getgroups()}
-
-
-def make_usable_by(path: Path, owner: Owner) -> str | None:
-    """Make a staged file readable and writable, or a stage directory writable, by the
-    broker: Kafka opens segments and mmaps indexes read-write, and deleting a partition
-    deletes everything in its directory. Root gives the file to the owner; another uid
-    gives it to the owner's group. None when the broker can use it, else why not."""
-    st = path.stat()
-    if st.st_uid == owner.uid:
-        return None
-    if os.geteuid() == 0:
-        os.chown(path, owner.uid, owner.gid)
-        return None
-    if st.st_gid != owner.gid and owner.gid in _groups():
-        os.chown(path, -1, owner.gid)
-        st = path.stat()
-    if st.st_gid != owner.gid:
-        return (
-            f"the sidecar's uid {os.geteuid()} is not the owner ({owner.uid}) of the broker's files, and the files it "
-            f"writes get group {st.st_gid}, not the broker's group {owner.gid}: the broker could not open them "
-            "(run the sidecar as the broker's uid, or with the broker's group, e.g. the pod's fsGroup)"
-        )
-    os.chmod(path, (st.st_mode & 0o7777) | (0o070 if stat.S_ISDIR(st.st_mode) else 0o060))
     return None
 
 
@@ -519,7 +478,7 @@ def commit_log_dir(log_dir: Path, time: Time, deadline_ns: int) -> CommitReport:
     staged = staged_partitions(log_dir)
     if not any((area(p) / SET_DIR).exists() or (area(p) / WORK_DIR).exists() for p in staged.values()):
         return report
-    lock = LogDirLock(log_dir, remove_created=True)
+    lock = LogDirLock(log_dir)
     try:
         lock.acquire()
     except LogDirLockedError:

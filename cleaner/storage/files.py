@@ -17,12 +17,19 @@ The procedures follow Kafka's own (``CheckpointFile.write``, ``Utils.atomicMoveW
 ``Utils.flushDir``, ``PartitionMetadataFile.maybeFlush``, ``PropertiesUtils.writePropertiesFile``):
 write ``<file>.tmp`` in the same directory, flush, fsync, rename over the target, fsync
 the parent directory (KAFKA_NOTES §3.1).
+
+Every file created here is the broker's, whatever uid kafka-cleaner runs as: created through
+``ownership.open_for_broker``, it gets the owner, group and mode Kafka would have given it
+(taken from the log dir and from the file replaced), or is not created at all
+(``ownership.OwnershipError``). Renames, links and truncations keep a file's owner.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+
+from cleaner.storage import ownership
 
 PathLike = str | os.PathLike[str]
 
@@ -114,9 +121,10 @@ def write_file(path: PathLike, data: bytes | bytearray | memoryview, *, fsync: b
     For files written in place, as Kafka does: new ``.cleaned`` segment files and their
     indexes, producer-state snapshots (``ProducerStateManager.writeSnapshot`` opens with
     CREATE+WRITE and forces the channel). A failure removes the partial file and re-raises,
-    so no half-written file is left under a name the broker would load.
+    so no half-written file is left under a name the broker would load. A new file is the
+    broker's (``ownership.open_for_broker``).
     """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    fd, _ = ownership.open_for_broker(path, os.O_WRONLY | os.O_TRUNC)
     try:
         try:
             _write_all(fd, data)
@@ -136,12 +144,13 @@ def atomic_write(path: PathLike, data: bytes | bytearray | memoryview) -> None:
     ``<path>.tmp`` in the same directory, fsync it, rename it over ``path``, fsync the
     parent directory. If any step before the rename fails, the temp file is removed and
     the error re-raised; ``path`` is untouched. If only the final directory fsync fails, the
-    new content is already in place (and fsynced) and the error is re-raised.
+    new content is already in place (and fsynced) and the error is re-raised. The new file
+    is the broker's, with the mode of the file it replaces (``ownership.open_for_broker``).
     """
     target = os.fspath(path)
     tmp = target + TMP_SUFFIX
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        fd, _ = ownership.open_for_broker(tmp, os.O_WRONLY | os.O_TRUNC, like=target)
         try:
             _write_all(fd, data)
             fsync_file(fd)

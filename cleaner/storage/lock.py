@@ -1,9 +1,28 @@
 """The log directory's ``.lock``: the same lock a Kafka broker takes, so the two exclude each other.
 
-A broker locks ``<log_dir>/.lock`` with ``FileChannel.tryLock()`` (Kafka's ``FileLock``), which
-on Linux is a POSIX record lock (``fcntl(F_SETLK)``, exclusive, whole file). ``fcntl.lockf`` with
+Kafka's ``FileLock`` (``LogManager.lockLogDirs`` at start-up) opens ``<log_dir>/.lock`` with
+``FileChannel.open(CREATE, READ, WRITE)`` and calls ``tryLock()``, which on Linux is a POSIX
+record lock (``fcntl(F_SETLK)``, exclusive, from offset 0). ``fcntl.lockf`` with
 ``LOCK_EX | LOCK_NB`` takes the same kind of lock, so a cleaner holding it keeps a broker from
 starting on the directory and vice versa (KAFKA_NOTES §14 "Preconditions").
+
+What a broker does with it:
+
+- ``tryLock`` never waits. A broker that finds the lock held throws ``KafkaException``
+  ("Failed to acquire lock on file .lock in <dir>. A Kafka instance in another process or
+  thread is using this directory.") and its start-up fails (Kubernetes restarts it later);
+- an ``IOException`` while opening it, such as ``AccessDeniedException`` on a ``.lock`` its uid
+  may not open read-write, takes the log dir offline (``LogDirFailureChannel``); a broker
+  whose every log dir is offline halts;
+- ``FileLock.destroy`` at a clean shutdown unlocks, deletes the file and closes it, so a
+  stopped broker's log dir usually has no ``.lock``; a killed broker leaves its own.
+
+So a ``.lock`` this module creates is the broker's file from the first instant it has a name
+(``ownership.open_for_broker``: the log dir's owner and group, the mode Kafka's umask would
+give, group read-write when this process is not the owner but shares its group, e.g. through
+the pod's fsGroup), and a process killed while holding it leaves a file the broker opens and
+locks as if it had created it. Where that is impossible (another uid without the broker's
+group) nothing is created: ``ownership.OwnershipError``.
 
 POSIX record locks belong to a *process*, which has two consequences:
 
@@ -25,6 +44,7 @@ import threading
 from types import TracebackType
 
 from cleaner.errors import LogDirLockedError
+from cleaner.storage import ownership
 
 PathLike = str | os.PathLike[str]
 
@@ -39,25 +59,24 @@ def _key(log_dir: PathLike) -> str:
 
 
 class LogDirLock:
-    """Exclusive lock on ``<log_dir>/.lock`` (created if missing, like Kafka).
+    """Exclusive lock on ``<log_dir>/.lock`` (created if missing, like Kafka, as the broker's file).
 
     Use as a context manager, or ``acquire()`` / ``release()``. Raises ``LogDirLockedError``
-    when another process (normally the broker) holds it.
+    when another process (normally the broker) holds it, ``ownership.OwnershipError`` when a
+    missing ``.lock`` could not be created as a file the broker can open.
 
-    ``remove_created``: a ``.lock`` this lock created is deleted again before it is released
-    (Kafka's ``FileLock.destroy`` deletes it at a clean shutdown, so a stopped broker's log dir
-    usually has none). A file left behind would belong to this process's uid, and a broker of
-    another uid could not open it read-write, which Kafka does at start-up. Deleting it while
-    still holding the lock is safe: a broker that opened it before waits for the lock, one that
-    opens it after creates a new file.
+    Release unlocks and closes; it never deletes the file, not even one it created. Kafka's
+    ``FileLock.destroy`` deletes after unlocking, which leaves a race: a process that opened
+    the file before the deletion and locks it after the release holds a deleted inode, and the
+    next one to open ``.lock`` creates and locks a new file, so two holders each believe they
+    have the log dir (a broker and a later commit). A ``.lock`` left behind is harmless: it is
+    the broker's file, which Kafka opens and locks at start-up as if it had created it.
     """
 
-    def __init__(self, log_dir: PathLike, *, remove_created: bool = False) -> None:
+    def __init__(self, log_dir: PathLike) -> None:
         self.log_dir = os.fspath(log_dir)
         self.path = os.path.join(self.log_dir, LOCK_FILE)
-        self.remove_created = remove_created
         self._fd: int | None = None
-        self._created = False
 
     @property
     def held(self) -> bool:
@@ -72,8 +91,7 @@ class LogDirLock:
                 # Locking again in this process would "succeed" (POSIX locks are per process)
                 # and closing the second descriptor would drop the first lock.
                 raise RuntimeError(f"{self.log_dir} is already locked by this process")
-            created = not os.path.lexists(self.path)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            fd, _ = ownership.open_for_broker(self.path, os.O_RDWR)
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
@@ -83,7 +101,6 @@ class LogDirLock:
                 raise
             _held.add(key)
             self._fd = fd
-            self._created = created
         return self
 
     def release(self) -> None:
@@ -92,9 +109,6 @@ class LogDirLock:
         with _held_guard:
             fd, self._fd = self._fd, None
             try:
-                if self.remove_created and self._created:
-                    with contextlib.suppress(OSError):
-                        os.unlink(self.path)
                 with contextlib.suppress(OSError):
                     fcntl.lockf(fd, fcntl.LOCK_UN)
             finally:

@@ -289,7 +289,7 @@ def test_a_broker_start_raced_with_a_commit_the_lock_decides(tmp_path: Path, lin
     # Each way round, deterministically: the lock the commit takes keeps the real broker
     # from starting, and the broker's lock keeps the commit out.
     broker.stop()
-    with LogDirLock(broker.log_dir, remove_created=True):
+    with LogDirLock(broker.log_dir):
         broker.start(wait=False)
         assert broker.exited(timeout_s=60) is not None, "the broker started while the commit's lock was held"
         assert "lock" in broker.log_since_start().lower(), broker.log_tail()
