@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Mapping
@@ -54,12 +55,18 @@ def kafka_clean(
     dedupe_buffer_size: int | None = None,
     topics: str = ".*",
     jvm_opts: str | None = None,
+    per_topic: Mapping[str, Mapping[str, str | int | float]] | None = None,
 ) -> dict:
-    """Kafka ``version``'s cleaner on ``log_dir`` until nothing is eligible; its JSON report.
-    ``map_keys`` sizes Kafka's SkimpyOffsetMap to hold exactly that many keys per round."""
+    """Kafka ``version``'s cleaner on ``log_dir`` until nothing is eligible; its JSON report
+    (``rounds``, and ``uncleanable``: the partitions its cleaner thread marked uncleanable,
+    each with the exception). ``map_keys`` sizes Kafka's SkimpyOffsetMap to hold exactly that
+    many keys per round. ``per_topic``: configs of single topics, over ``topic_config``."""
     args = [str(HARNESS), version, "--log-dir", str(log_dir), "--now-ms", str(now_ms), "--topics", topics]
     for name, value in topic_config.items():
         args += ["--config", f"{name}={value}"]
+    for topic, config in (per_topic or {}).items():
+        for name, value in config.items():
+            args += ["--topic-config", f"{topic}:{name}={value}"]
     if map_keys is not None:
         args += ["--map-keys", str(map_keys)]
     if dedupe_buffer_size is not None:
@@ -91,8 +98,12 @@ def our_clean(
     *,
     dedupe_buffer_size: int | None = None,
     topics: str = ".*",
+    per_topic: Mapping[str, Mapping[str, str | int | float]] | None = None,
 ) -> cleaning.CleanOutcome:
-    spec: dict = {"mode": "compact", "topics": [policy_rule(topic_config, topics)]}
+    """kafka-cleaner's clean with the same configs as ``kafka_clean``: a policy rule per topic
+    of ``per_topic`` (its configs over ``topic_config``), then one for every other topic."""
+    rules = [policy_rule({**topic_config, **config}, re.escape(topic)) for topic, config in (per_topic or {}).items()]
+    spec: dict = {"mode": "compact", "topics": [*rules, policy_rule(topic_config, topics)]}
     if dedupe_buffer_size is not None:
         spec["cleaner"] = {"dedupeBufferSize": dedupe_buffer_size}
     return cleaning.clean([log_dir], parse_policy(spec), FixedTime(now_ms))
@@ -107,27 +118,48 @@ def partition_dirs(log_dir: Path) -> list[Path]:
     return sorted(p for p in log_dir.iterdir() if p.is_dir() and parse_partition_dir(p.name) is not None)
 
 
+def kafka_uncleanable(report: dict) -> dict[str, str]:
+    """The partitions Kafka's cleaner thread marked uncleanable, each with its exception."""
+    return {u["topicPartition"]: u["error"] for u in report["uncleanable"]}
+
+
+def our_uncleanable(outcome: cleaning.CleanOutcome) -> dict[str, str]:
+    return {str(tp): reason for tps in outcome.uncleanable.values() for tp, reason in tps.items()}
+
+
 def logical_view(partition_dir: Path) -> list[tuple]:
-    """Every batch of the partition, in offset order, with its records, as aiokafka reads them."""
+    """Every batch of the partition, in offset order, with its records, as aiokafka reads them.
+    A legacy (v0/v1) entry is one batch whose base offset is its first record's, attributes
+    its own, first timestamp its wrapper's (-1 for v0), no producer fields."""
     out: list[tuple] = []
     for segment in sorted(partition_dir.glob("*.log")):
-        records = MemoryRecords(segment.read_bytes())
-        while records.has_next():
-            batch = records.next_batch()
-            assert batch.validate_crc(), f"{segment}: bad CRC in batch at offset {batch.base_offset}"
-            header = (
-                batch.base_offset,
-                batch.next_offset - 1,
-                batch.magic,
-                batch.attributes,
-                batch.first_timestamp,
-                batch.max_timestamp,
-                batch.producer_id,
-                batch.producer_epoch,
-                batch.base_sequence,
-            )
+        data = segment.read_bytes()
+        position = 0
+        while position + 17 <= len(data):
+            size = int.from_bytes(data[position + 8 : position + 12], "big", signed=True)
+            entry = data[position : position + 12 + size]
+            magic = entry[16]
+            # Each entry alone: aiokafka checks a legacy CRC wrongly past a buffer's start.
+            batch = MemoryRecords(entry).next_batch()
+            assert batch.validate_crc(), f"{segment}: bad CRC in the entry at byte {position}"
             recs = tuple((r.offset, r.timestamp, r.key, r.value, tuple(r.headers)) for r in batch)
+            if magic >= 2:
+                header = (
+                    batch.base_offset,
+                    batch.next_offset - 1,
+                    magic,
+                    batch.attributes,
+                    batch.first_timestamp,
+                    batch.max_timestamp,
+                    batch.producer_id,
+                    batch.producer_epoch,
+                    batch.base_sequence,
+                )
+            else:
+                timestamp = int.from_bytes(entry[18:26], "big", signed=True) if magic == 1 else -1
+                header = (recs[0][0], batch.next_offset - 1, magic, entry[17], timestamp, timestamp, -1, -1, -1)
             out.append((*header, len(recs), recs))
+            position += 12 + size
     return out
 
 

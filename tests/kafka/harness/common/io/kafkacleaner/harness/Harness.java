@@ -22,10 +22,13 @@ import java.util.stream.Stream;
  *
  * <pre>
  * CleanOnce --log-dir DIR --now-ms MS [--topics REGEX] [--config name=value]...
+ *           [--topic-config TOPIC:name=value]...
  *           [--dedupe-buffer-size B | --map-keys N] [--load-factor F] [--io-buffer-size B]
  *           [--threads N] [--max-message-bytes B] [--producer-id-expiration-ms MS]
  *           [--warm-up-dir DIR]
  * </pre>
+ * --topic-config: a config of one topic only, over the --config ones (so that one JVM cleans
+ * partitions of several shapes, each with its own topic config).
  * --warm-up-dir: first clean that log dir (a copy of the same data) in the same JVM, unreported,
  * so that the reported clean runs JIT-compiled, as in a broker that has been up for a while.
  */
@@ -35,6 +38,8 @@ public final class Harness {
     public final long nowMs;
     public final Pattern topics;
     public final Properties topicConfig = new Properties();
+    /** Per topic: the configs that override topicConfig for that topic's partitions. */
+    public final Map<String, Properties> perTopicConfig = new HashMap<>();
     public final long dedupeBufferSize;
     /** When set, the SkimpyOffsetMap is sized so that Kafka's maxDesiredMapSize is exactly this. */
     public final int mapKeys;
@@ -52,6 +57,10 @@ public final class Harness {
             if (args[i].equals("--config")) {
                 String[] kv = args[i + 1].split("=", 2);
                 topicConfig.put(kv[0], kv[1]);
+            } else if (args[i].equals("--topic-config")) {
+                int colon = args[i + 1].indexOf(':');
+                String[] kv = args[i + 1].substring(colon + 1).split("=", 2);
+                perTopicConfig.computeIfAbsent(args[i + 1].substring(0, colon), t -> new Properties()).put(kv[0], kv[1]);
             } else {
                 opts.put(args[i].substring(2), args[i + 1]);
             }
@@ -90,7 +99,23 @@ public final class Harness {
         return Math.toIntExact(slots * bytesPerEntry);
     }
 
-    /** The partition directories of the log dir whose topic matches --topics, in name order. */
+    /** The topic config of one partition directory: --config, then that topic's --topic-config. */
+    public Properties configOf(File partitionDir) {
+        Properties props = new Properties();
+        props.putAll(topicConfig);
+        String name = partitionDir.getName();
+        Properties own = perTopicConfig.get(name.substring(0, name.lastIndexOf('-')));
+        if (own != null) props.putAll(own);
+        return props;
+    }
+
+    /**
+     * The partition directories of the log dir whose topic matches --topics, in name order:
+     * what LogManager.loadLogs loads (not the KRaft metadata log {@code __cluster_metadata-0},
+     * not tiered storage's {@code remote-log-index-cache}) and puts into the logs the cleaner
+     * sees (not the {@code -delete}, {@code -future} and {@code -stray} directories, whose names
+     * do not end in a partition number).
+     */
     public List<File> partitionDirs(File logDir) throws IOException {
         List<File> out = new ArrayList<>();
         try (Stream<java.nio.file.Path> entries = Files.list(logDir.toPath())) {
@@ -98,12 +123,18 @@ public final class Harness {
                 String name = dir.getName();
                 int dash = name.lastIndexOf('-');
                 if (dash > 0 && name.substring(dash + 1).matches("\\d+")
+                        && !name.substring(0, dash).equals(METADATA_TOPIC) && !name.equals(REMOTE_INDEX_CACHE)
                         && topics.matcher(name.substring(0, dash)).matches())
                     out.add(dir);
             });
         }
         return out;
     }
+
+    /** KafkaRaftServer.MetadataTopic: LogManager.loadLogs never loads it. */
+    public static final String METADATA_TOPIC = "__cluster_metadata";
+    /** RemoteIndexCache.DIR_NAME: LogManager.loadLogs skips it. */
+    public static final String REMOTE_INDEX_CACHE = "remote-log-index-cache";
 
     /** The partition's offset in one of the log dir's checkpoint files (version 0 format), or null. */
     public static Long checkpointed(String file, File partitionDir) throws IOException {

@@ -1,5 +1,6 @@
 package io.kafkacleaner.harness;
 
+import kafka.common.LogCleaningAbortedException;
 import kafka.log.Cleaner;
 import kafka.log.CleanerStats;
 import kafka.log.LogCleanerManager;
@@ -10,6 +11,7 @@ import kafka.server.BrokerTopicStats;
 import kafka.utils.Pool;
 
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.errors.KafkaStorageException;
 import org.apache.kafka.server.util.KafkaScheduler;
 import org.apache.kafka.storage.internals.log.CleanerConfig;
 import org.apache.kafka.storage.internals.log.LogConfig;
@@ -20,6 +22,7 @@ import org.apache.kafka.storage.internals.log.SkimpyOffsetMap;
 import org.apache.kafka.storage.internals.utils.Throttler;
 
 import java.io.File;
+import java.io.IOException;
 import java.lang.management.ManagementFactory;
 import java.util.ArrayList;
 import java.util.List;
@@ -48,12 +51,9 @@ public final class CleanOnce {
         scheduler.startup();
         LogDirFailureChannel failures = new LogDirFailureChannel(1);
         BrokerTopicStats topicStats = new BrokerTopicStats(false);
-        Properties props = new Properties();
-        props.putAll(h.topicConfig);
-        LogConfig config = new LogConfig(props);
-        if (h.warmUpDir != null) clean(h, h.warmUpDir, config, time, scheduler, failures, topicStats, new Harness.Json());
+        if (h.warmUpDir != null) clean(h, h.warmUpDir, time, scheduler, failures, topicStats, new Harness.Json());
         Harness.Json out = new Harness.Json().open();
-        long cleanNs = clean(h, h.logDir, config, time, scheduler, failures, topicStats, out);
+        long cleanNs = clean(h, h.logDir, time, scheduler, failures, topicStats, out);
         scheduler.shutdown();
         out.put("jvmStartMs", jvmStartMs).put("mainNanos", System.nanoTime() - mainStartedNs)
                 .put("cleanNanos", cleanNs).close();
@@ -63,7 +63,7 @@ public final class CleanOnce {
 
     /** Loads the log dir's partitions, cleans until nothing is eligible, closes them; returns
      * the nanoseconds spent in Cleaner.doClean. */
-    private static long clean(Harness h, File logDir, LogConfig config, Harness.FixedTime time,
+    private static long clean(Harness h, File logDir, Harness.FixedTime time,
                               KafkaScheduler scheduler, LogDirFailureChannel failures, BrokerTopicStats topicStats,
                               Harness.Json out) throws Exception {
         long loadStarted = System.nanoTime();
@@ -73,7 +73,7 @@ public final class CleanOnce {
         for (File dir : dirs) {
             Long logStart = Harness.checkpointed("log-start-offset-checkpoint", dir);
             Long recoveryPoint = Harness.checkpointed("recovery-point-offset-checkpoint", dir);
-            UnifiedLog log = UnifiedLog.apply(dir, config, logStart == null ? 0L : logStart,
+            UnifiedLog log = UnifiedLog.apply(dir, new LogConfig(h.configOf(dir)), logStart == null ? 0L : logStart,
                     recoveryPoint == null ? 0L : recoveryPoint, scheduler, topicStats, time, 60_000,
                     new ProducerStateManagerConfig(h.producerIdExpirationMs, false), 600_000, failures,
                     Harness.hadCleanShutdown(logDir), Option.empty(), true, new ConcurrentHashMap<>(), false,
@@ -97,27 +97,75 @@ public final class CleanOnce {
                 .put("mapSlots", offsetMap.slots()).put("mapMaxKeys", (int) (offsetMap.slots() * h.loadFactor));
         out.array("rounds");
         long cleanNs = 0;
+        List<String[]> uncleanable = new ArrayList<>();
+        // LogCleaner.CleanerThread.doWork, tryCleanFilthiestLog, cleanFilthiestLog and cleanLog,
+        // as Kafka writes them, with no backoff: until a pass finds nothing to clean.
         while (true) {
             Option<LogToClean> next = manager.grabFilthiestCompactedLog(time, new PreCleanStats());
+            UnifiedLog failed = null;
+            Exception failure = null;
+            if (next.isDefined()) {
+                LogToClean ltc = next.get();
+                long endOffset = ltc.firstDirtyOffset();
+                try {
+                    long started = System.nanoTime();
+                    Tuple2<Object, CleanerStats> result = cleaner.doClean(ltc, h.nowMs);
+                    long elapsed = System.nanoTime() - started;
+                    cleanNs += elapsed;
+                    endOffset = (Long) result._1();
+                    CleanerStats s = result._2();
+                    out.open().put("topicPartition", ltc.topicPartition().toString())
+                            .put("firstDirtyOffset", ltc.firstDirtyOffset())
+                            .put("firstUncleanableOffset", ltc.firstUncleanableOffset())
+                            .put("endOffset", endOffset)
+                            .put("messagesRead", s.messagesRead()).put("bytesRead", s.bytesRead())
+                            .put("messagesWritten", s.messagesWritten()).put("bytesWritten", s.bytesWritten())
+                            .put("mapMessagesRead", s.mapMessagesRead()).put("invalidMessagesRead", s.invalidMessagesRead())
+                            .put("elapsedSecs", s.elapsedSecs()).put("elapsedIndexSecs", s.elapsedIndexSecs())
+                            .put("bufferUtilization", s.bufferUtilization()).put("cleanNanos", elapsed).close();
+                } catch (Exception e) {
+                    if (e instanceof LogCleaningAbortedException || e instanceof KafkaStorageException
+                            || e instanceof IOException) {
+                        // cleanLog lets these go (an IOException takes the log dir offline instead).
+                        uncleanable.add(new String[] {ltc.topicPartition().toString(), "let go: " + e});
+                    } else {
+                        failed = ltc.log();
+                        failure = e;
+                    }
+                } finally {
+                    manager.doneCleaning(ltc.topicPartition(), ltc.log().parentDirFile(), endOffset);
+                }
+            }
+            if (failed == null) {
+                List<Tuple2<TopicPartition, UnifiedLog>> deletable =
+                        new ArrayList<>(CollectionConverters.asJavaCollection(manager.deletableLogs()));
+                try {
+                    for (Tuple2<TopicPartition, UnifiedLog> entry : deletable) {
+                        try {
+                            entry._2().deleteOldSegments();
+                        } catch (Exception e) {
+                            failed = entry._2();
+                            failure = e;
+                            break;
+                        }
+                    }
+                } finally {
+                    List<TopicPartition> keys = new ArrayList<>();
+                    for (Tuple2<TopicPartition, UnifiedLog> entry : deletable) keys.add(entry._1());
+                    manager.doneDeleting(CollectionConverters.asScala(keys));
+                }
+            }
+            if (failed != null) {
+                // tryCleanFilthiestLog: the partition is marked uncleanable, the thread goes on.
+                manager.markPartitionUncleanable(failed.parentDir(), failed.topicPartition());
+                uncleanable.add(new String[] {failed.topicPartition().toString(), String.valueOf(failure)});
+            }
+            manager.maintainUncleanablePartitions();
             if (next.isEmpty()) break;
-            LogToClean ltc = next.get();
-            long started = System.nanoTime();
-            Tuple2<Object, CleanerStats> result = cleaner.doClean(ltc, h.nowMs);
-            long elapsed = System.nanoTime() - started;
-            cleanNs += elapsed;
-            long endOffset = (Long) result._1();
-            manager.doneCleaning(ltc.topicPartition(), ltc.log().parentDirFile(), endOffset);
-            CleanerStats s = result._2();
-            out.open().put("topicPartition", ltc.topicPartition().toString())
-                    .put("firstDirtyOffset", ltc.firstDirtyOffset())
-                    .put("firstUncleanableOffset", ltc.firstUncleanableOffset())
-                    .put("endOffset", endOffset)
-                    .put("messagesRead", s.messagesRead()).put("bytesRead", s.bytesRead())
-                    .put("messagesWritten", s.messagesWritten()).put("bytesWritten", s.bytesWritten())
-                    .put("mapMessagesRead", s.mapMessagesRead()).put("invalidMessagesRead", s.invalidMessagesRead())
-                    .put("elapsedSecs", s.elapsedSecs()).put("elapsedIndexSecs", s.elapsedIndexSecs())
-                    .put("bufferUtilization", s.bufferUtilization()).put("cleanNanos", elapsed).close();
         }
+        out.end();
+        out.array("uncleanable");
+        for (String[] u : uncleanable) out.open().put("topicPartition", u[0]).put("error", u[1]).close();
         out.end();
         h.awaitDeletedFiles(dirs);
         long closeStarted = System.nanoTime();

@@ -1,12 +1,14 @@
 package io.kafkacleaner.harness;
 
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.errors.KafkaStorageException;
 import org.apache.kafka.server.util.KafkaScheduler;
 import org.apache.kafka.storage.internals.log.Cleaner;
 import org.apache.kafka.storage.internals.log.CleanerConfig;
 import org.apache.kafka.storage.internals.log.CleanerStats;
 import org.apache.kafka.storage.internals.log.LogCleanerManager;
 import org.apache.kafka.storage.internals.log.LogConfig;
+import org.apache.kafka.storage.internals.log.LogCleaningAbortedException;
 import org.apache.kafka.storage.internals.log.LogDirFailureChannel;
 import org.apache.kafka.storage.internals.log.LogToClean;
 import org.apache.kafka.storage.internals.log.PreCleanStats;
@@ -17,7 +19,9 @@ import org.apache.kafka.storage.internals.utils.Throttler;
 import org.apache.kafka.storage.log.metrics.BrokerTopicStats;
 
 import java.io.File;
+import java.io.IOException;
 import java.lang.management.ManagementFactory;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
@@ -43,18 +47,9 @@ public final class CleanOnce {
         scheduler.startup();
         LogDirFailureChannel failures = new LogDirFailureChannel(1);
         BrokerTopicStats topicStats = new BrokerTopicStats();
-        Properties props = new Properties();
-        props.putAll(h.topicConfig);
-        // Kafka 4 refuses segment.bytes below 1 MiB for topics; its tests use this internal override.
-        String segmentBytes = props.getProperty("segment.bytes");
-        if (segmentBytes != null && Integer.parseInt(segmentBytes) < 1024 * 1024) {
-            props.remove("segment.bytes");
-            props.put(LogConfig.INTERNAL_SEGMENT_BYTES_CONFIG, segmentBytes);
-        }
-        LogConfig config = new LogConfig(props);
-        if (h.warmUpDir != null) clean(h, h.warmUpDir, config, time, scheduler, failures, topicStats, new Harness.Json());
+        if (h.warmUpDir != null) clean(h, h.warmUpDir, time, scheduler, failures, topicStats, new Harness.Json());
         Harness.Json out = new Harness.Json().open();
-        long cleanNs = clean(h, h.logDir, config, time, scheduler, failures, topicStats, out);
+        long cleanNs = clean(h, h.logDir, time, scheduler, failures, topicStats, out);
         scheduler.shutdown();
         out.put("jvmStartMs", jvmStartMs).put("mainNanos", System.nanoTime() - mainStartedNs)
                 .put("cleanNanos", cleanNs).close();
@@ -62,9 +57,21 @@ public final class CleanOnce {
         System.exit(0);
     }
 
+    /** A partition's LogConfig from the harness's topic configs. */
+    private static LogConfig configOf(Harness h, File dir) {
+        Properties props = h.configOf(dir);
+        // Kafka 4 refuses segment.bytes below 1 MiB for topics; its tests use this internal override.
+        String segmentBytes = props.getProperty("segment.bytes");
+        if (segmentBytes != null && Integer.parseInt(segmentBytes) < 1024 * 1024) {
+            props.remove("segment.bytes");
+            props.put(LogConfig.INTERNAL_SEGMENT_BYTES_CONFIG, segmentBytes);
+        }
+        return new LogConfig(props);
+    }
+
     /** Loads the log dir's partitions, cleans until nothing is eligible, closes them; returns
      * the nanoseconds spent in Cleaner.doClean. */
-    private static long clean(Harness h, File logDir, LogConfig config, Harness.FixedTime time,
+    private static long clean(Harness h, File logDir, Harness.FixedTime time,
                               KafkaScheduler scheduler, LogDirFailureChannel failures, BrokerTopicStats topicStats,
                               Harness.Json out) throws Exception {
         long loadStarted = System.nanoTime();
@@ -73,7 +80,7 @@ public final class CleanOnce {
         for (File dir : dirs) {
             Long logStart = Harness.checkpointed("log-start-offset-checkpoint", dir);
             Long recoveryPoint = Harness.checkpointed("recovery-point-offset-checkpoint", dir);
-            UnifiedLog log = UnifiedLog.create(dir, config, logStart == null ? 0L : logStart,
+            UnifiedLog log = UnifiedLog.create(dir, configOf(h, dir), logStart == null ? 0L : logStart,
                     recoveryPoint == null ? 0L : recoveryPoint, scheduler, topicStats, time, 60_000,
                     new ProducerStateManagerConfig(h.producerIdExpirationMs, false), 600_000, failures,
                     Harness.hadCleanShutdown(logDir), Optional.empty());
@@ -94,26 +101,69 @@ public final class CleanOnce {
                 .put("mapSlots", offsetMap.slots()).put("mapMaxKeys", (int) (offsetMap.slots() * h.loadFactor));
         out.array("rounds");
         long cleanNs = 0;
+        List<String[]> uncleanable = new ArrayList<>();
+        // LogCleaner.CleanerThread.doWork, tryCleanFilthiestLog, cleanFilthiestLog and cleanLog,
+        // as Kafka writes them, with no backoff: until a pass finds nothing to clean.
         while (true) {
             Optional<LogToClean> next = manager.grabFilthiestCompactedLog(time, new PreCleanStats());
+            UnifiedLog failed = null;
+            Exception failure = null;
+            if (next.isPresent()) {
+                LogToClean ltc = next.get();
+                long endOffset = ltc.firstDirtyOffset();
+                try {
+                    long started = System.nanoTime();
+                    Map.Entry<Long, CleanerStats> result = cleaner.doClean(ltc, h.nowMs);
+                    long elapsed = System.nanoTime() - started;
+                    cleanNs += elapsed;
+                    endOffset = result.getKey();
+                    CleanerStats s = result.getValue();
+                    out.open().put("topicPartition", ltc.topicPartition().toString())
+                            .put("firstDirtyOffset", ltc.firstDirtyOffset())
+                            .put("firstUncleanableOffset", ltc.firstUncleanableOffset())
+                            .put("endOffset", endOffset)
+                            .put("messagesRead", s.messagesRead()).put("bytesRead", s.bytesRead())
+                            .put("messagesWritten", s.messagesWritten()).put("bytesWritten", s.bytesWritten())
+                            .put("mapMessagesRead", s.mapMessagesRead()).put("invalidMessagesRead", s.invalidMessagesRead())
+                            .put("elapsedSecs", s.elapsedSecs()).put("elapsedIndexSecs", s.elapsedIndexSecs())
+                            .put("bufferUtilization", s.bufferUtilization()).put("cleanNanos", elapsed).close();
+                } catch (LogCleaningAbortedException | KafkaStorageException | IOException e) {
+                    // cleanLog lets these go (an IOException takes the log dir offline instead).
+                    uncleanable.add(new String[] {ltc.topicPartition().toString(), "let go: " + e});
+                } catch (Exception e) {
+                    failed = ltc.log();
+                    failure = e;
+                } finally {
+                    manager.doneCleaning(ltc.topicPartition(), ltc.log().parentDirFile(), endOffset);
+                }
+            }
+            if (failed == null) {
+                Map<TopicPartition, UnifiedLog> deletable = manager.deletableLogs();
+                try {
+                    for (UnifiedLog log : deletable.values()) {
+                        try {
+                            log.deleteOldSegments();
+                        } catch (Exception e) {
+                            failed = log;
+                            failure = e;
+                            break;
+                        }
+                    }
+                } finally {
+                    manager.doneDeleting(List.copyOf(deletable.keySet()));
+                }
+            }
+            if (failed != null) {
+                // tryCleanFilthiestLog: the partition is marked uncleanable, the thread goes on.
+                manager.markPartitionUncleanable(failed.parentDir(), failed.topicPartition());
+                uncleanable.add(new String[] {failed.topicPartition().toString(), String.valueOf(failure)});
+            }
+            manager.maintainUncleanablePartitions();
             if (next.isEmpty()) break;
-            LogToClean ltc = next.get();
-            long started = System.nanoTime();
-            Map.Entry<Long, CleanerStats> result = cleaner.doClean(ltc, h.nowMs);
-            long elapsed = System.nanoTime() - started;
-            cleanNs += elapsed;
-            manager.doneCleaning(ltc.topicPartition(), ltc.log().parentDirFile(), result.getKey());
-            CleanerStats s = result.getValue();
-            out.open().put("topicPartition", ltc.topicPartition().toString())
-                    .put("firstDirtyOffset", ltc.firstDirtyOffset())
-                    .put("firstUncleanableOffset", ltc.firstUncleanableOffset())
-                    .put("endOffset", result.getKey())
-                    .put("messagesRead", s.messagesRead()).put("bytesRead", s.bytesRead())
-                    .put("messagesWritten", s.messagesWritten()).put("bytesWritten", s.bytesWritten())
-                    .put("mapMessagesRead", s.mapMessagesRead()).put("invalidMessagesRead", s.invalidMessagesRead())
-                    .put("elapsedSecs", s.elapsedSecs()).put("elapsedIndexSecs", s.elapsedIndexSecs())
-                    .put("bufferUtilization", s.bufferUtilization()).put("cleanNanos", elapsed).close();
         }
+        out.end();
+        out.array("uncleanable");
+        for (String[] u : uncleanable) out.open().put("topicPartition", u[0]).put("error", u[1]).close();
         out.end();
         h.awaitDeletedFiles(dirs);
         long closeStarted = System.nanoTime();
