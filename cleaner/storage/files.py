@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from cleaner.storage import ownership
+from cleaner.storage import ownership, page_cache
 
 PathLike = str | os.PathLike[str]
 
@@ -130,6 +130,7 @@ def write_file(path: PathLike, data: bytes | bytearray | memoryview, *, fsync: b
             _write_all(fd, data)
             if fsync:
                 fsync_file(fd)
+                page_cache.drop(fd)  # durable: the broker reads it from disk when it needs it
         finally:
             os.close(fd)
     except BaseException:

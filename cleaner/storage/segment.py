@@ -24,7 +24,7 @@ import numpy as np
 from cleaner.errors import CorruptDataError, CorruptIndexError, CorruptRecordError, LogSegmentOffsetOverflowError
 from cleaner.records.batch import INT32_MAX, NO_TIMESTAMP
 from cleaner.records.scan import Batches, ScanResult, scan_batches
-from cleaner.storage import files
+from cleaner.storage import files, page_cache
 from cleaner.storage.index import DEFAULT_MAX_INDEX_SIZE, AbortedTxn, OffsetIndex, TimeIndex, TransactionIndex
 
 LOG_SUFFIX = ".log"
@@ -131,26 +131,33 @@ def iter_file_batches(
         fd = f.fileno()
         if end is None:
             end = os.fstat(fd).st_size
-        while position < end:
-            want = min(chunk_size, end - position)
-            buf = os.pread(fd, want, position)
-            result = scan_batches(buf, base_position=position, path=path)
+        with page_cache.cold_read(fd, end):
+            yield from _file_batches(fd, path, position, end, chunk_size, allow_truncated_tail)
+
+
+def _file_batches(
+    fd: int, path: str, position: int, end: int, chunk_size: int, allow_truncated_tail: bool
+) -> Iterator[Batches]:
+    while position < end:
+        want = min(chunk_size, end - position)
+        buf = os.pread(fd, want, position)
+        result = scan_batches(buf, base_position=position, path=path)
+        if len(result.batches) == 0:
+            need = result.next_entry_size
+            if need is not None and need > want and position + need <= end:
+                buf = os.pread(fd, need, position)
+                result = scan_batches(buf, base_position=position, path=path)
             if len(result.batches) == 0:
-                need = result.next_entry_size
-                if need is not None and need > want and position + need <= end:
-                    buf = os.pread(fd, need, position)
-                    result = scan_batches(buf, base_position=position, path=path)
-                if len(result.batches) == 0:
-                    if allow_truncated_tail:
-                        return
-                    raise CorruptRecordError(
-                        f"truncated batch: {end - position} bytes left at the end of the file"
-                        + (f", the entry there declares {need}" if need is not None else ""),
-                        path=path,
-                        position=position,
-                    )
-            yield result.batches
-            position += result.end
+                if allow_truncated_tail:
+                    return
+                raise CorruptRecordError(
+                    f"truncated batch: {end - position} bytes left at the end of the file"
+                    + (f", the entry there declares {need}" if need is not None else ""),
+                    path=path,
+                    position=position,
+                )
+        yield result.batches
+        position += result.end
 
 
 class LogSegment:
@@ -394,7 +401,9 @@ class LogSegment:
     # -- reading ------------------------------------------------------------------------
     def read(self, position: int, size: int) -> bytes:
         with open(self.log_path, "rb") as f:
-            return os.pread(f.fileno(), size, position)
+            fd = f.fileno()
+            with page_cache.cold_read(fd, os.fstat(fd).st_size):
+                return os.pread(fd, size, position)
 
     def iter_batches(
         self, position: int = 0, chunk_size: int = DEFAULT_READ_CHUNK, *, allow_truncated_tail: bool = False
@@ -609,6 +618,7 @@ class LogSegment:
         if self._append_file is not None:
             self._append_file.flush()
             files.fsync_file(self._append_file.fileno())
+            page_cache.drop(self._append_file.fileno())  # written and durable: not the broker's hot pages
         else:
             files.fsync_file(str(self.log_path))
         self.offset_index.write_to(self.index_path)

@@ -1,0 +1,98 @@
+"""Page-cache neutral reads and writes, on this machine's real page cache (issue 26 item 2).
+
+A file's pages are dropped, some read again (the broker's hot pages), then the whole file is
+read inside ``cold_read``: the hot pages are still resident afterwards and none of the others
+are. Needs Linux and a disk-backed file system (tmpfs pages cannot be dropped: skipped)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cleaner.storage import files, page_cache
+from cleaner.storage.segment import iter_file_batches
+
+PAGES = 256
+
+
+def _fresh_file(path: Path, pages: int = PAGES) -> int:
+    path.write_bytes(os.urandom(pages * page_cache.PAGE))
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    page_cache.drop(fd)
+    return fd
+
+
+def _resident(fd: int) -> set[int]:
+    vector = page_cache.resident_pages(fd, os.fstat(fd).st_size)
+    assert vector is not None
+    return {i for i, state in enumerate(vector) if state & 1}
+
+
+@pytest.fixture
+def dropped_file(tmp_path: Path):  # type: ignore[no-untyped-def]
+    fd = _fresh_file(tmp_path / "segment.log")
+    if page_cache.resident_pages(fd, 1) is None:
+        pytest.skip("no mincore here (not Linux, or KAFKA_CLEANER_PAGE_CACHE=keep)")
+    if _resident(fd):
+        pytest.skip("this file system keeps the pages (tmpfs?): nothing to measure")
+    yield fd
+    os.close(fd)
+
+
+def test_a_cold_read_drops_only_the_pages_it_brought_in(dropped_file: int) -> None:
+    fd = dropped_file
+    hot = set(range(10, 40)) | {100, 200}
+    broker = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)  # the broker's own reads, without read-ahead
+    try:
+        os.posix_fadvise(broker, 0, 0, os.POSIX_FADV_RANDOM)
+        for page in hot:
+            os.pread(broker, page_cache.PAGE, page * page_cache.PAGE)
+    finally:
+        os.close(broker)
+    before = _resident(fd)  # the hot pages, and what the kernel read ahead of them
+    assert hot <= before and len(before) < PAGES // 2
+    with page_cache.cold_read(fd, PAGES * page_cache.PAGE):
+        for page in range(PAGES):
+            os.pread(fd, page_cache.PAGE, page * page_cache.PAGE)
+        assert len(_resident(fd)) > PAGES // 2  # read: resident meanwhile
+    assert _resident(fd) == before
+
+
+def test_reading_a_segment_leaves_the_cache_as_it_was(tmp_path: Path) -> None:
+    """``iter_file_batches`` (every reader of a segment: the cleaner's passes, the sidecar's
+    scans) reads cold; a page the broker had resident stays."""
+    from cleaner.records.builder import build_batch
+    from cleaner.records.record import Record
+
+    batch = build_batch([Record(offset=i, timestamp=0, key=b"k%d" % i, value=os.urandom(3000)) for i in range(200)],
+                        base_offset=0)
+    path = tmp_path / "00000000000000000000.log"
+    path.write_bytes(bytes(batch) * 1)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        page_cache.drop(fd)
+        if page_cache.resident_pages(fd, 1) is None or _resident(fd):
+            pytest.skip("no mincore, or a file system that keeps the pages")
+        os.pread(fd, page_cache.PAGE, 0)  # the broker's hot page (and what the kernel reads ahead)
+        before = _resident(fd)
+        assert 0 in before and len(before) < os.fstat(fd).st_size // page_cache.PAGE
+        assert sum(len(b) for b in iter_file_batches(path)) == 1
+        assert _resident(fd) == before
+    finally:
+        os.close(fd)
+
+
+def test_what_is_written_leaves_the_cache_once_durable(tmp_path: Path) -> None:
+    path = tmp_path / "00000000000000000000.log.cleaned"
+    files.write_file(path, os.urandom(64 * page_cache.PAGE))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if page_cache.resident_pages(fd, 1) is None:
+            pytest.skip("no mincore here")
+        assert _resident(fd) == set()
+    finally:
+        os.close(fd)
