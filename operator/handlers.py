@@ -60,9 +60,11 @@ from compaction_operator.rollout import (
     STRIMZI_MANUAL_ROLLING_UPDATE,
     STRIMZI_PODSET,
     PodView,
+    Step,
     Workload,
     controller_caught_up,
     expected_pod_names,
+    failing,
     hold_ops,
     how_to_roll,
     next_to_roll,
@@ -70,6 +72,8 @@ from compaction_operator.rollout import (
     pod_view,
     rehold_ops,
     release_ops,
+    rollback_gate,
+    step_for,
     stuck,
 )
 from compaction_operator.scrape import fetch_reports, pod_address
@@ -330,11 +334,16 @@ class Operator:
         if policy is not None and rollout.get("rolledBack") and sidecar is not None and (
                 rollout["rolledBack"].get("sidecarHash") != sidecar.hash):
             rollout.pop("rolledBack")  # the spec changed the sidecar: a new try
+        # Brokers whose sidecar broke after it ran (not a rollout step's new pod): reported,
+        # never deleted (rollout.failing).
+        broken = failing([pod_view(p) for p in target.raw], Step.from_status(rollout.get("step"))) if (
+            target is not None) else []
         new = build_status(policy=policy, generation=generation, previous=previous, outcome=outcome, pods=pods,
                            scrapes=scrapes, sidecar_hash=sidecar.hash if sidecar is not None else None,
                            now=self.now(), overlap=overlap,
                            expected_pods=target.expected if target is not None else None,
-                           rollout_hint=_hint(rollout))
+                           rollout_hint=_hint(rollout),
+                           sidecar_failing=[(v.name, v.sidecar_waiting) for v in broken])
         if rollout:
             new["rollout"] = rollout
         await self._write_status(state, namespace, name, previous, new)
@@ -349,6 +358,7 @@ class Operator:
         metrics.ROLLOUT_STALLED.labels(namespace, name).set(
             1 if stalled.get("status") == "True" and stalled.get("reason") in ROLLOUT_STALL_REASONS else 0)
         metrics.ROLLOUT_PENDING_PODS.labels(namespace, name).set(rollout.get("pending", 0))
+        metrics.SIDECAR_FAILING_PODS.labels(namespace, name).set(len(broken))
 
     async def _write_status(self, state: PolicyState, namespace: str, name: str, previous: Mapping[str, Any],
                             new: dict[str, Any]) -> None:
@@ -653,13 +663,23 @@ class Operator:
         strategy, deadline = policy.rollout.strategy, policy.rollout.progress_deadline_seconds
         rollout["strategy"] = strategy.value
         if workload is None:
-            for key in ("pending", "pendingPods", "rolling", "gate"):
+            for key in ("pending", "pendingPods", "rolling", "gate", "step"):
                 rollout.pop(key, None)
             return Outcome()
         kube, now = self._kube(), self.now()
         namespace = workload.namespace
         views = [pod_view(p) for p in target.raw]
         wanted_hash = wanted.hash if wanted is not None else None
+        # The sidecar rolled back, while its pods are undone (the spec has not changed it since).
+        undone = (rollout.get("rolledBack") or {}).get("sidecarHash") if wanted_hash is None else None
+        # The rollout step: which pods it created, and which of those have been Ready.
+        step = step_for(Step.from_status(rollout.get("step")), wanted_hash, undone, now)
+        if step is not None:
+            step = step.seen(views)
+            rollout["step"] = step.to_status()
+        else:
+            rollout.pop("step", None)
+        new_step = step if step is not None and wanted_hash is not None else None
         waiting = pending([v for v in views if not v.deleting], wanted_hash)
         # Pods the webhook injects change when they are created, not with the template: the
         # StatefulSet is neither held nor released for them, and only a deletion rolls one.
@@ -672,24 +692,36 @@ class Operator:
             rollout.pop("pendingPods")
 
         # -- the strategy changed while pods wait: the hold follows it ---------------------------
+        # While a rollback is undone the hold is OnDelete whatever the strategy: a pod deleted
+        # under a Manual partition would come back from the current revision, with the sidecar.
+        hold = RolloutStrategy.ON_DELETE if undone else strategy
         if sts is not None and waiting:
-            ops = rehold_ops(sts, strategy)
+            ops = rehold_ops(sts, hold)
             if ops is not None:
                 sts = await self.call(kube.patch_statefulset, namespace, workload.name, ops)
-                logger.info(f"{workload}: held for rollout.strategy {strategy.value}.")
+                logger.info(f"{workload}: held for rollout.strategy {hold.value}" +
+                            (" while the rollback is undone." if undone else "."))
 
-        # -- a sidecar that keeps its pod from becoming Ready is taken out again ----------------
-        bad = stuck(views, wanted_hash, now, deadline) if sidecar is not None else []
+        # -- a sidecar that keeps the pods of its rollout step from becoming Ready is taken out ---
+        bad = stuck(views, new_step, now, deadline)
         if bad:
             return await self._roll_back(body, policy, workload, sts, bad, wanted_hash, rollout, logger)
-        # A pod recreated before the webhook (or the StatefulSet controller) saw the rollback
-        # comes back with the rolled-back sidecar, stuck again: it is deleted again.
-        undone = (rollout.get("rolledBack") or {}).get("sidecarHash")
+        # The rolled-back sidecar's stuck pods (and any recreated from a template that still had
+        # it, before the StatefulSet controller or the webhook saw the rollback) are deleted so
+        # that they come back without it: one per round, while every other broker is Ready.
         if undone and workload.kind == "StatefulSet":
-            for view in stuck(views, undone, now, 0.0):
-                await self.call(kube.delete_pod, namespace, view.name, view.uid)
-                logger.info(f"{workload}: deleted pod {view.name} again: it came back with the rolled-back "
-                            f"sidecar and is not Ready ({view.why}).")
+            undo = stuck(views, step, now, 0.0)
+            if undo:
+                pick, gate = rollback_gate(views, target.expected, undo, target.obj, template=sts is not None)
+                rollout["gate"] = gate or "open"
+                if gate is None and pick is not None:
+                    await self.call(kube.delete_pod, namespace, pick.name, pick.uid)
+                    message = (f"{workload}: deleted pod {pick.name} ({pick.why}): created by the rollout of "
+                               f"sidecar {undone}, never Ready; it comes back without the sidecar")
+                    kopf.event(body, type="Normal", reason="RollbackDeletedPod", message=message)
+                    logger.info(message + ".")
+                    rollout["gate"] = f"waiting for {pick.name} to come back without the sidecar"
+                return Outcome()
 
         # -- the paced step in progress ----------------------------------------------------------
         rolling = rollout.get("rolling")
@@ -707,7 +739,7 @@ class Operator:
                 if (now - since).total_seconds() > deadline:
                     # The step's deadline runs from the deletion, before the pod's creation: a
                     # pod the sidecar keeps from becoming Ready is taken out now, not a round later.
-                    if sidecar is not None and view is not None and stuck([view], wanted_hash, now, 0.0):
+                    if view is not None and stuck([view], new_step, now, 0.0):
                         return await self._roll_back(body, policy, workload, sts, [view], wanted_hash, rollout, logger)
                     return Outcome.stalled("RolloutStalled", f"{workload}: pod {rolling['pod']}, restarted at "
                                            f"{rolling['since']}, has not come back within "
@@ -791,28 +823,30 @@ class Operator:
     async def _roll_back(self, body: Mapping[str, Any], policy: Policy, workload: Workload,
                          sts: Mapping[str, Any] | None, bad: list[PodView], wanted: str | None,
                          rollout: dict[str, Any], logger: logging.Logger | logging.LoggerAdapter[Any]) -> Outcome:
-        """Take the sidecar out of the template whose pods it keeps from becoming Ready (``sts``;
-        None: the webhook injected it, and ``rolledBack`` stops it), and delete a StatefulSet's
-        stuck pods: a StatefulSet never replaces a pod that is not Ready by itself (Kubernetes'
-        forced-rollback limitation), whatever its template says meanwhile. A StrimziPodSet's
-        pods are left to a person or KafkaRoller, as the message says."""
+        """Take the sidecar out of the template whose new pods it keeps from becoming Ready
+        (``sts``; None: the webhook injected it, and ``rolledBack`` stops it), held ``OnDelete``
+        whatever the strategy, so that a deleted pod comes back from the template without the
+        sidecar. Nothing is deleted in this round: later rounds delete a StatefulSet's stuck
+        pods one at a time (a StatefulSet never replaces a pod that is not Ready by itself:
+        Kubernetes' forced-rollback limitation), once the StatefulSet controller and the
+        webhook have seen the rollback. A StrimziPodSet's pods are left to a person or
+        KafkaRoller, as the message says."""
         kube = self._kube()
         names = ", ".join(f"{v.name} ({v.why or 'not Ready'})" for v in bad)
         deadline = policy.rollout.progress_deadline_seconds
-        message = (f"{workload}: pod {names} runs sidecar {wanted} and has not become Ready within "
-                   f"rollout.progressDeadlineSeconds ({deadline}s)")
+        message = (f"{workload}: pod {names} runs sidecar {wanted}, was created by its rollout and has not "
+                   f"become Ready within rollout.progressDeadlineSeconds ({deadline}s)")
         if workload.kind == "StatefulSet":
             if sts is not None:
                 template = (sts.get("spec") or {}).get("template") or {}
                 patch = removal_patch(template, sts["metadata"]["resourceVersion"])
                 if patch is not None:
                     await self.call(kube.patch_statefulset, workload.namespace, workload.name,
-                                    patch + hold_ops(sts, policy.rollout.strategy))
-            for view in bad:
-                await self.call(kube.delete_pod, workload.namespace, view.name, view.uid)
+                                    patch + hold_ops(sts, RolloutStrategy.ON_DELETE))
             where = "removed from the pod template" if sts is not None else "no longer injected by the webhook"
-            message += (f"; the sidecar was {where} and the pod deleted, so the broker comes back without it. "
-                        "Fix the sidecar in the spec (image, resources, securityContext) to try again")
+            message += (f"; the sidecar was {where}, and such pods are deleted one at a time while every other "
+                        "broker is Ready, so each comes back without it. Fix the sidecar in the spec (image, "
+                        "resources, securityContext) to try again")
         else:
             message += ("; the webhook no longer injects this sidecar: delete the pod (or annotate it "
                         f"{STRIMZI_MANUAL_ROLLING_UPDATE}=true) and it comes back without it. Fix the sidecar "

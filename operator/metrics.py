@@ -30,6 +30,7 @@ __all__ = [
     "ROLLOUT_PENDING_PODS",
     "ROLLOUT_STALLED",
     "SCRAPE_FAILURES",
+    "SIDECAR_FAILING_PODS",
     "STALE_BROKERS",
     "WEBHOOK_FAILURES",
     "WEBHOOK_INJECTIONS",
@@ -69,6 +70,10 @@ ROLLOUT_STALLED = Gauge(_P + "rollout_stalled", "1 while the policy's rollout is
                         ["namespace", "policy"], registry=REGISTRY)
 ROLLOUT_PENDING_PODS = Gauge(_P + "rollout_pending_pods", "Target pods that do not run the wanted sidecar yet "
                              "(status.rollout.pendingPods).", ["namespace", "policy"], registry=REGISTRY)
+SIDECAR_FAILING_PODS = Gauge(_P + "sidecar_failing_pods", "Target pods that are not Ready because their "
+                             "kafka-cleaner container fails (waiting: CrashLoopBackOff, ...) after it ran before: "
+                             "never rolled back or deleted by the operator; a person decides (Degraded, reason "
+                             "SidecarFailing).", ["namespace", "policy"], registry=REGISTRY)
 LEADER = Gauge(_P + "leader", "1 while this replica is the elected leader (or leader election is off).",
                registry=REGISTRY)
 
@@ -76,7 +81,7 @@ LEADER = Gauge(_P + "leader", "1 while this replica is the elected leader (or le
 def forget_policy(namespace: str, policy: str) -> None:
     """Drop a deleted policy's gauges (counters stay until the process restarts, as usual)."""
     for gauge in (BROKERS_EXPECTED, BROKERS_REPORTING, STALE_BROKERS, DIVERGING_PARTITIONS, ROLLOUT_STALLED,
-                  ROLLOUT_PENDING_PODS):
+                  ROLLOUT_PENDING_PODS, SIDECAR_FAILING_PODS):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, policy)
 

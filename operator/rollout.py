@@ -42,9 +42,11 @@ __all__ = [
     "STRIMZI_MANUAL_ROLLING_UPDATE",
     "UPDATE_STRATEGY_ANNOTATION",
     "PodView",
+    "Step",
     "Workload",
     "controller_caught_up",
     "expected_pod_names",
+    "failing",
     "hold_ops",
     "how_to_roll",
     "next_to_roll",
@@ -52,12 +54,16 @@ __all__ = [
     "pod_view",
     "rehold_ops",
     "release_ops",
+    "rollback_gate",
+    "step_for",
     "stuck",
 ]
 
 UPDATE_STRATEGY_ANNOTATION = "kafkacleaner.io/update-strategy"
 STRIMZI_MANUAL_ROLLING_UPDATE = "strimzi.io/manual-rolling-update"
 STRIMZI_PODSET = "StrimziPodSet"
+#: The most uids ``status.rollout.step.ready`` holds (the CRD's maxItems).
+MAX_STEP_READY = 10000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +96,8 @@ class PodView:
     roll_requested: bool = False
     #: ``kafkacleaner.io/policy``: whose sidecar it runs.
     policy: str | None = None
+    #: Why the ``kafka-cleaner`` container is waiting (``CrashLoopBackOff``, ...; empty: it is not).
+    sidecar_waiting: str = ""
 
 
 def _time(text: str | None) -> datetime.datetime | None:
@@ -102,7 +110,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     meta, status, spec = pod.get("metadata") or {}, pod.get("status") or {}, pod.get("spec") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
     ready = (conditions.get("Ready") or {}).get("status") == "True"
-    why = ""
+    why, sidecar_waiting = "", ""
     if not ready:
         scheduled = conditions.get("PodScheduled") or {}
         if scheduled.get("status") == "False":
@@ -111,6 +119,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
             waiting = (cs.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") and cs.get("name") == SIDECAR_CONTAINER:
                 why = f"container {SIDECAR_CONTAINER}: {waiting['reason']}"
+                sidecar_waiting = str(waiting["reason"])
     annotations = meta.get("annotations") or {}
     has_sidecar = any(c.get("name") == SIDECAR_CONTAINER
                       for c in (spec.get("initContainers") or []) + (spec.get("containers") or []))
@@ -119,7 +128,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
                    sidecar_hash=annotations.get(SIDECAR_HASH_ANNOTATION) if has_sidecar else None,
                    has_sidecar=has_sidecar, why=why,
                    roll_requested=annotations.get(STRIMZI_MANUAL_ROLLING_UPDATE) == "true",
-                   policy=annotations.get(POLICY_ANNOTATION) if has_sidecar else None)
+                   policy=annotations.get(POLICY_ANNOTATION) if has_sidecar else None,
+                   sidecar_waiting=sidecar_waiting)
 
 
 def expected_pod_names(workload: Workload, obj: Mapping[str, Any]) -> list[str]:
@@ -140,17 +150,141 @@ def pending(pods: Sequence[PodView], wanted: str | None) -> list[PodView]:
     return [p for p in pods if p.sidecar_hash != wanted or (wanted is None and p.has_sidecar)]
 
 
-def stuck(pods: Sequence[PodView], wanted: str | None, now: datetime.datetime,
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """The rollout step of one sidecar (``status.rollout.step``): since when the operator wants
+    ``sidecar_hash`` in the pods, and the pods created since then that it has seen Ready with
+    it (uids). Only a pod of the step that was never Ready can be taken for a sidecar that
+    keeps its broker down: a pod that ran the sidecar before the step began, or was Ready with
+    it since, is a broker whose sidecar broke later (an OOM after a policy edit, a bug on data
+    every replica holds), and deleting it proves nothing and takes a working broker down."""
+
+    sidecar_hash: str
+    since: datetime.datetime
+    ready: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_status(cls, raw: Mapping[str, Any] | None) -> Step | None:
+        if not raw or not raw.get("sidecarHash") or not raw.get("since"):
+            return None
+        since = _time(str(raw["since"]))
+        assert since is not None
+        return cls(str(raw["sidecarHash"]), since, frozenset(str(u) for u in raw.get("ready") or ()))
+
+    def to_status(self) -> dict[str, Any]:
+        # The CRD's bound (a workload of more pods than that would be a first).
+        return {"sidecarHash": self.sidecar_hash, "since": _format(self.since),
+                "ready": sorted(self.ready)[:MAX_STEP_READY]}
+
+    def created_by_it(self, pod: PodView) -> bool:
+        """Whether ``pod`` runs this step's sidecar and was created once it began. (Creation
+        times have whole seconds: a pod of the second the step began counts.)"""
+        return (pod.sidecar_hash == self.sidecar_hash and pod.created is not None
+                and pod.created >= self.since.replace(microsecond=0))
+
+    def never_ready(self, pod: PodView) -> bool:
+        """A pod this step created that has not been Ready since (as far as the operator saw)."""
+        return self.created_by_it(pod) and not pod.ready and pod.uid not in self.ready
+
+    def seen(self, pods: Sequence[PodView]) -> Step:
+        """The step with the pods of it that are Ready now remembered, and the uids of pods
+        that are gone forgotten (the list stays as long as the workload)."""
+        present = {p.uid for p in pods}
+        ready = {u for u in self.ready if u in present}
+        ready |= {p.uid for p in pods if p.ready and not p.deleting and self.created_by_it(p)}
+        return self if ready == self.ready else dataclasses.replace(self, ready=frozenset(ready))
+
+
+def _format(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def step_for(step: Step | None, wanted: str | None, rolled_back: str | None,
+             now: datetime.datetime) -> Step | None:
+    """The step of this round: a new one when the wanted sidecar changed (the first time too:
+    an operator upgraded to this release starts the step of the sidecar its pods run now, so
+    none of them counts as new); the rolled-back sidecar's step stays while it is undone."""
+    hash_ = wanted if wanted is not None else rolled_back
+    if hash_ is None:
+        return None
+    if step is not None and step.sidecar_hash == hash_:
+        return step
+    return Step(hash_, now)
+
+
+def stuck(pods: Sequence[PodView], step: Step | None, now: datetime.datetime,
           deadline_seconds: float) -> list[PodView]:
-    """Pods that run the wanted (new) sidecar, have not become Ready within the deadline since
-    they were created, and whose cause points at the sidecar: the pod cannot be scheduled (the
-    sidecar's requests were added to it) or the sidecar container is waiting (an image that
-    cannot be pulled, a crash loop, a configuration error). A broker that is not Ready for a
-    reason of its own (its own container failing) is never taken for a sidecar problem."""
-    if wanted is None:
+    """Pods the sidecar keeps from starting, for named reasons: created by this rollout
+    ``step`` and never Ready since, not Ready ``deadline_seconds`` after their creation, and
+    the cause points at the sidecar: the pod cannot be scheduled (the sidecar's requests were
+    added to it) or the sidecar container is waiting (an image that cannot be pulled, a crash
+    loop, a configuration error). A broker that is not Ready for a reason of its own (its own
+    container failing) is never taken for a sidecar problem; neither is a pod that ran the
+    sidecar before the step or was Ready with it since (:func:`failing` reports those)."""
+    if step is None:
         return []
-    return [p for p in pods if p.sidecar_hash == wanted and not p.ready and not p.deleting and p.why
+    return [p for p in pods if step.never_ready(p) and not p.deleting and p.why
             and p.created is not None and (now - p.created).total_seconds() > deadline_seconds]
+
+
+def failing(pods: Sequence[PodView], step: Step | None) -> list[PodView]:
+    """Pods whose sidecar container is failing (waiting: ``CrashLoopBackOff``, ...) and that are
+    not Ready, but are no pods of a step in progress that never became Ready: brokers whose
+    sidecar broke after it ran. They are reported, never deleted: a person decides."""
+    return [p for p in pods if p.has_sidecar and not p.ready and not p.deleting and p.sidecar_waiting
+            and not (step is not None and step.never_ready(p))]
+
+
+def _ordinal(pod: str) -> int | None:
+    tail = pod.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def rollback_gate(pods: Sequence[PodView], expected: Sequence[str] | None, stuck_pods: Sequence[PodView],
+                  sts: Mapping[str, Any] | None, *, template: bool) -> tuple[PodView | None, str | None]:
+    """The stuck pod the rollback deletes next, and why it must wait (None: go), the gate of a
+    paced step: every pod the workload should have exists, none is being deleted (the last
+    deletion is back), and every other broker is Ready (one that is not Ready only because it
+    is stuck the same way is down already; deleting it next is no loss).
+
+    ``sts``: the StatefulSet. Under its default ``podManagementPolicy: OrderedReady`` the
+    StatefulSet controller creates no pod above one that is not Ready, so the lowest stuck
+    ordinal goes first and the pods missing above it are no reason to wait (they come once it
+    is back); with ``Parallel`` the highest goes first, as the StatefulSet controller would.
+    ``template``: the operator holds ``sts``'s template; then the StatefulSet controller must
+    have observed the template without the sidecar, and the hold must recreate a deleted pod
+    from it (``OnDelete``, not a partition above its ordinal, which would bring it back from
+    the current revision, with the sidecar)."""
+    if not stuck_pods:
+        return None, None
+    ordered = ((sts or {}).get("spec") or {}).get("podManagementPolicy", "OrderedReady") != "Parallel"
+    if ordered:
+        pick = min(stuck_pods, key=lambda p: (o if (o := _ordinal(p.name)) is not None else 1 << 30, p.name))
+    else:
+        pick = next_to_roll(stuck_pods)
+        assert pick is not None
+    present = {p.name for p in pods}
+    above = _ordinal(pick.name)
+    missing = [n for n in expected or () if n not in present
+               and not (ordered and above is not None and (o := _ordinal(n)) is not None and o > above)]
+    if missing:
+        return pick, f"waiting: {', '.join(missing)} missing"
+    deleting = [p.name for p in pods if p.deleting]
+    if deleting:
+        return pick, f"waiting: {', '.join(deleting)} being deleted"
+    down = {p.name for p in stuck_pods}
+    busy = [p.name for p in pods if not p.ready and p.name not in down]
+    if busy:
+        return pick, f"waiting: {', '.join(busy)} not Ready"
+    if template and sts is not None:
+        if not controller_caught_up(sts):
+            return pick, "waiting: the StatefulSet controller has not observed the template without the sidecar yet"
+        strategy = (sts.get("spec") or {}).get("updateStrategy") or {}
+        partition = int((strategy.get("rollingUpdate") or {}).get("partition") or 0)
+        if strategy.get("type", "RollingUpdate") != "OnDelete" and above is not None and above < partition:
+            return pick, (f"waiting: the StatefulSet's updateStrategy (partition {partition}) would bring "
+                          f"{pick.name} back from its current revision, with the sidecar")
+    return pick, None
 
 
 def next_to_roll(waiting: Sequence[PodView]) -> PodView | None:
@@ -225,7 +359,10 @@ def rehold_ops(sts: Mapping[str, Any], strategy: RolloutStrategy) -> list[dict[s
     saved, original = held
     base = {**sts, "spec": {**(sts.get("spec") or {}), "updateStrategy": original}}
     wanted = _held_strategy(base, strategy) or original
-    if (sts.get("spec") or {}).get("updateStrategy") == wanted:
+    current = (sts.get("spec") or {}).get("updateStrategy") or {}
+    # The kind of hold, not the partition: a Manual hold whose partition a person lowered is
+    # that person's roll (the documented one), and raising it again would stop it.
+    if current.get("type", "RollingUpdate") == wanted.get("type", "RollingUpdate"):
         return None
     path = f"/metadata/annotations/{_pointer(UPDATE_STRATEGY_ANNOTATION)}"
     return [{"op": "test", "path": path, "value": saved}, {"op": "add", "path": "/spec/updateStrategy",

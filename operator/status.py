@@ -326,7 +326,8 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
                  scrapes: Mapping[str, Scrape] | None, sidecar_hash: str | None,
                  now: datetime.datetime, interval_seconds: int = 30,
                  top_partitions: int = 20, overlap: str | None = None,
-                 expected_pods: Sequence[str] | None = None, rollout_hint: str = "") -> dict[str, Any]:
+                 expected_pods: Sequence[str] | None = None, rollout_hint: str = "",
+                 sidecar_failing: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
     """The whole new status (without ``status.kopf``, which is kopf's).
 
     ``pods`` are the target pods (None: not looked up this round, keep the brokers as they
@@ -338,7 +339,9 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
     ``expected_pods``: the pods the workload should have (from its ``spec.replicas``; None:
     unknown, the pods found count), so a broker that is missing altogether is named.
     ``rollout_hint`` is appended to an AwaitingRollout message (how the pending pods get the
-    sidecar).
+    sidecar). ``sidecar_failing``: pods (and why their ``kafka-cleaner`` container waits) whose
+    sidecar broke after it ran (rollout.failing): the policy is Degraded (``SidecarFailing``)
+    before anything else, since those brokers are not Ready and nobody but a person acts.
     """
     previous = previous or {}
     old_brokers: Mapping[str, Mapping[str, Any]] = previous.get("brokers") or {}
@@ -454,7 +457,16 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
         conditions = upsert_condition(conditions, type_, status, reason, message, generation, now)
 
     silent_for = STALE_AFTER * interval_seconds
-    if stale:
+    if sidecar_failing:
+        names = sorted(name for name, _ in sidecar_failing)
+        reasons = ", ".join(sorted({why for _, why in sidecar_failing}))
+        degraded = ("SidecarFailing",
+                    f"the kafka-cleaner container of {_names(names)} is failing ({reasons}) and "
+                    f"{'its broker is' if len(names) == 1 else 'their brokers are'} not Ready; "
+                    f"{'it' if len(names) == 1 else 'they'} ran this sidecar before (not new pods of a rollout): "
+                    "nothing is rolled back or deleted, a person decides (kubectl describe pod; the "
+                    "container's previous log)")
+    elif stale:
         degraded = ("BrokersNotReporting",
                     f"{'broker' if len(stale) == 1 else 'brokers'} {_names(stale)} "
                     f"{'has' if len(stale) == 1 else 'have'} not reported for {STALE_AFTER} intervals "

@@ -34,7 +34,7 @@ ALL_ALERTS = {
     "KafkaCleanerCompactionDelay", "KafkaCleanerHangingTransaction", "KafkaCleanerStageDiskLow",
     "KafkaCleanerSidecarRestarts", "KafkaCleanerSidecarDown", "KafkaCleanerReportsStale",
     "KafkaCleanerReconcileErrors", "KafkaCleanerRolloutStalled", "KafkaCleanerReplicasDiverge",
-    "KafkaCleanerOperatorDown", "KafkaCleanerLeaderCount",
+    "KafkaCleanerOperatorDown", "KafkaCleanerLeaderCount", "KafkaCleanerSidecarFailing",
 }
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None,
@@ -204,6 +204,9 @@ def test_alerts_fire_and_stay_silent(helm_template: Render, tmp_path: pathlib.Pa
         # The rollout of "offsets" stalls at 2m; "payments" rolls fine.
         series("kafka_cleaner_operator_rollout_stalled", policy, "0 0 1x10"),
         series("kafka_cleaner_operator_rollout_stalled", 'namespace="kafka",policy="payments"', "0x12"),
+        # Two brokers of "offsets" fail with their sidecar from 3m on; "payments" never does.
+        series("kafka_cleaner_operator_sidecar_failing_pods", policy, "0 0 0 2x20"),
+        series("kafka_cleaner_operator_sidecar_failing_pods", 'namespace="kafka",policy="payments"', "0x25"),
         series("kafka_cleaner_operator_diverging_partitions", policy, "0x5 2x30"),
         series("kafka_cleaner_operator_diverging_partitions", 'namespace="kafka",policy="payments"', "0x35"),
         # One replica, the leader, up until 5m; then it can no longer be scraped.
@@ -216,6 +219,8 @@ def test_alerts_fire_and_stay_silent(helm_template: Render, tmp_path: pathlib.Pa
               {**warn, "namespace": "kafka", "policy": "offsets", "reason": "ApiError"}),
         fires("2m", "KafkaCleanerRolloutStalled"),
         fires("4m", "KafkaCleanerRolloutStalled", {**crit, "namespace": "kafka", "policy": "offsets"}),
+        fires("7m", "KafkaCleanerSidecarFailing"),
+        fires("8m", "KafkaCleanerSidecarFailing", {**crit, "namespace": "kafka", "policy": "offsets"}),
         fires("19m", "KafkaCleanerReplicasDiverge"),
         fires("21m", "KafkaCleanerReplicasDiverge", {**warn, "namespace": "kafka", "policy": "offsets"}),
         fires("5m", "KafkaCleanerOperatorDown"),

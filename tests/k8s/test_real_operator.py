@@ -438,7 +438,7 @@ def test_the_webhook_injects_the_pinned_image_and_stops_injecting_a_sidecar_it_r
                            and c["reason"] == "SidecarRolledBack" and c, timeout=TIMEOUT,
                            what="Stalled: SidecarRolledBack")  # fmt: skip
         assert "pod hbroker-0 (Unschedulable" in stalled["message"], stalled["message"]
-        assert "no longer injected by the webhook and the pod deleted" in stalled["message"]
+        assert "no longer injected by the webhook, and such pods are deleted one at a time" in stalled["message"]
         back = wait_for(lambda: (p := _get(plane, "pod", "hbroker-0")) and not p["metadata"].get("deletionTimestamp")
                         and p["status"].get("phase") == "Running" and p, timeout=TIMEOUT,
                         what="hbroker-0 back and running")  # fmt: skip

@@ -78,9 +78,12 @@ def cluster(control_plane: ControlPlane, install_chart: Callable[..., pathlib.Pa
                           check=False, timeout_s=120)
 
 
-def _brokers(cluster: ApiCluster, replicas: int, *, host_network: bool = False) -> dict[str, Any]:
+def _brokers(cluster: ApiCluster, replicas: int, *, host_network: bool = False,
+             parallel: bool = False) -> dict[str, Any]:
     sts = broker_statefulset("broker")
     sts["spec"]["replicas"] = replicas
+    if parallel:  # as the Bitnami Kafka chart: no pod waits for a lower ordinal to be Ready
+        sts["spec"]["podManagementPolicy"] = "Parallel"
     # No storage provisioner here: the data volume is an emptyDir instead of a claim template.
     del sts["spec"]["volumeClaimTemplates"]
     sts["spec"]["template"]["spec"]["volumes"].append({"name": "data", "emptyDir": {}})
@@ -528,3 +531,250 @@ def test_paced_asks_strimzis_kafkaroller_to_roll_the_podset_pods(
         time.sleep(3)
         asked = [m for k, r, m in cluster.events() if r == "RollRequested"]
         assert len(asked) == 1 and all(n in asked[0] for n in names), asked
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 20, item 1: a rollback deletes at most one broker per round, only a pod this rollout
+# created that never became Ready, and brings it back without the sidecar under every strategy
+# ---------------------------------------------------------------------------------------------
+
+
+def _state(pod: dict[str, Any]) -> str:
+    """How a pod looks to a person: "deleting", "Ready" or "NotReady", with its sidecar hash."""
+    found = find_sidecar(pod["spec"])
+    sidecar = (pod["metadata"].get("annotations") or {}).get(SIDECAR_HASH_ANNOTATION) if found else None
+    state = "deleting" if pod["metadata"].get("deletionTimestamp") else "Ready" if _ready(pod) else "NotReady"
+    return f"{state} (sidecar {sidecar})"
+
+
+class DeletionWatch:
+    """Watches the namespace's pods through the API server's watch and records every pod that
+    starts being deleted, with the state of every other broker at that moment. The events come
+    in the API server's order (by resourceVersion), so the states are those the cluster had when
+    the deletion was made, whatever the machine's speed: two deletions in one round show as a
+    broker being deleted while another is still being deleted or not recreated yet."""
+
+    def __init__(self, cluster: ApiCluster, replicas: int) -> None:
+        self.cluster, self.names = cluster, [f"broker-{i}" for i in range(replicas)]
+        #: (pod, its sidecar hash, the other brokers' states) per deletion, in order.
+        self.deletions: list[tuple[str, str | None, dict[str, str]]] = []
+        self._pods: dict[str, dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._listed = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> DeletionWatch:
+        self._thread.start()
+        wait_for(self._listed.is_set, timeout=TIMEOUT, what="the pod watch's first listing")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(TIMEOUT)
+
+    def _others(self, name: str) -> dict[str, str]:
+        return {n: _state(self._pods[n]) if n in self._pods else "missing" for n in self.names if n != name}
+
+    def _apply(self, kind: str, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        old = self._pods.get(name)
+        starts = pod["metadata"].get("deletionTimestamp") and not (
+            old and old["metadata"]["uid"] == pod["metadata"]["uid"] and old["metadata"].get("deletionTimestamp"))
+        if starts or (kind == "DELETED" and not (old and old["metadata"].get("deletionTimestamp"))):
+            found = find_sidecar(pod["spec"])
+            sidecar = (pod["metadata"].get("annotations") or {}).get(SIDECAR_HASH_ANNOTATION) if found else None
+            self.deletions.append((name, sidecar, self._others(name)))
+        if kind == "DELETED":
+            self._pods.pop(name, None)
+        else:
+            self._pods[name] = pod
+
+    def _run(self) -> None:
+        core = self.cluster.core
+        version = ""
+        while not self._stop.is_set():
+            if not version:
+                listed = json.loads(core.list_namespaced_pod(NS, _preload_content=False).data)
+                self._pods = {p["metadata"]["name"]: p for p in listed["items"]}
+                version = listed["metadata"]["resourceVersion"]
+                self._listed.set()
+            response = core.list_namespaced_pod(NS, watch=True, resource_version=version, timeout_seconds=2,
+                                                allow_watch_bookmarks=True, _preload_content=False)
+            try:
+                for line in response:
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":  # 410 Gone: list again
+                        version = ""
+                        break
+                    version = event["object"]["metadata"]["resourceVersion"]
+                    if event["type"] != "BOOKMARK":
+                        self._apply(event["type"], event["object"])
+            finally:
+                response.release_conn()
+
+
+def _rounds(policy_name: str) -> float:
+    return metrics.REGISTRY.get_sample_value("kafka_cleaner_operator_reconciliations_total",
+                                             {"namespace": NS, "policy": policy_name}) or 0.0
+
+
+def _await_rounds(policy_name: str, count: int) -> None:
+    """Until ``count`` more rounds of the policy have run to their end (rounds of one policy
+    never overlap and the counter moves as one starts: ``count + 1`` starts)."""
+    start = _rounds(policy_name)
+    wait_for(lambda: _rounds(policy_name) >= start + count + 1, timeout=TIMEOUT,
+             what=f"{count} more rounds of {policy_name}")  # fmt: skip
+
+
+def _crash_sidecar(cluster: ApiCluster, name: str) -> None:
+    """What the kubelet reports of a pod whose kafka-cleaner container crash-loops (an OOM kill
+    after a policy edit): the container waiting in CrashLoopBackOff, the pod not Ready. kwok
+    plays a pod's status only until it has an IP, so this stays as written."""
+    pod = cluster.pod(name)
+    assert pod is not None
+    spec, status = pod["spec"], pod["status"]
+    native = any(c["name"] == "kafka-cleaner" for c in spec.get("initContainers") or [])
+    key = "initContainerStatuses" if native else "containerStatuses"
+    statuses = []
+    for entry in status.get(key) or []:
+        if entry["name"] == "kafka-cleaner":
+            entry = {**entry, "ready": False, "started": False, "restartCount": 4,
+                     "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting "
+                                           "failed container kafka-cleaner"}},
+                     "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}
+        statuses.append(entry)
+    conditions = [{**c, "status": "False", "reason": "ContainersNotReady"} if c["type"] in ("Ready", "ContainersReady")
+                  else c for c in status.get("conditions") or []]
+    cluster.core.patch_namespaced_pod_status(name, NS, {"status": {key: statuses, "conditions": conditions}})
+
+
+def _roll_manually(cluster: ApiCluster, replicas: int, wanted: str) -> dict[str, Any]:
+    """The person's roll of a Manual hold: lower the partition to 0, wait for every pod with
+    ``wanted`` and for the StatefulSet's own strategy back."""
+    cluster.apps.patch_namespaced_stateful_set(
+        "broker", NS, {"spec": {"updateStrategy": {"rollingUpdate": {"partition": 0}}}})
+    pods = wait_for(lambda: _all_ready(cluster, replicas, wanted), timeout=3 * TIMEOUT,
+                    what=f"{replicas} pods with sidecar {wanted}")  # fmt: skip
+    wait_for(lambda: UPDATE_STRATEGY_ANNOTATION not in cluster.sts()["metadata"].get("annotations", {}),
+             timeout=TIMEOUT, what="the StatefulSet's own strategy back")  # fmt: skip
+    return dict(pods)
+
+
+def test_a_sidecar_failing_on_brokers_that_were_ready_with_it_is_reported_and_no_broker_deleted(
+        cluster: ApiCluster) -> None:
+    """Three long-running brokers were rolled to the sidecar (OnDelete: the person deleted
+    them one by one) and were Ready with it; then every sidecar crash-loops (an OOM after a
+    ConfigMap-only policy edit). None is a pod of a rollout step that never became Ready: none
+    is deleted, in any round; the policy is Degraded (SidecarFailing) naming the three, an Event
+    says so and kafka_cleaner_operator_sidecar_failing_pods counts them. The old code took all
+    three for stuck sidecars and deleted them in one round."""
+    _brokers(cluster, 3)
+    manifest = policy("oom", target=sts_target(), reporting={"intervalSeconds": 1},
+                      rollout={"strategy": "OnDelete", "progressDeadlineSeconds": 1})  # fmt: skip
+    with running_operator(expected_warnings=("SidecarFailing", "has not become Ready")):
+        _create(cluster, manifest)
+        wanted = wait_for(lambda: _template_hash(cluster), timeout=TIMEOUT, what="the sidecar in the template")
+        wait_for(lambda: (s := cluster.sts())["status"].get("observedGeneration", 0) >= s["metadata"]["generation"],
+                 timeout=TIMEOUT, what="the StatefulSet controller observing the template")  # fmt: skip
+        for name in ("broker-2", "broker-1", "broker-0"):  # the person's roll
+            uid = _pods(cluster)[name]["metadata"]["uid"]
+            cluster.core.delete_namespaced_pod(name, NS)
+            wait_for(lambda n=name, u=uid: (p := _pods(cluster).get(n)) and _ready(p) and p["metadata"]["uid"] != u,
+                     timeout=TIMEOUT, what=f"{name} back with the sidecar")  # fmt: skip
+        rolled = wait_for(lambda: _all_ready(cluster, 3, wanted), timeout=TIMEOUT, what="three pods with the sidecar")
+        _await_rounds("oom", 2)  # rounds that see the three Ready with the sidecar
+        with DeletionWatch(cluster, 3) as watch:
+            for name in sorted(rolled):
+                _crash_sidecar(cluster, name)
+            wait_for(lambda: all(not _ready(p) for p in _pods(cluster).values()), timeout=TIMEOUT,
+                     what="the three brokers NotReady")  # fmt: skip
+            _await_rounds("oom", 3)
+            assert watch.deletions == [], f"brokers deleted: {watch.deletions}"
+            degraded = wait_for(lambda: (c := cluster.condition("oom", "Degraded")).get("reason") == "SidecarFailing"
+                                and c, timeout=TIMEOUT, what="Degraded: SidecarFailing")  # fmt: skip
+            assert degraded["status"] == "True"
+            assert all(name in degraded["message"] for name in rolled), degraded["message"]
+            assert "CrashLoopBackOff" in degraded["message"]
+            assert _gauge("sidecar_failing_pods", "oom") == 3
+            assert "broker-0" in cluster.wait_for_event("CompactionPolicy", "SidecarFailing")
+            assert _template_hash(cluster) == wanted  # no rollback: the sidecar was fine before
+            assert "rolledBack" not in cluster.status("oom")["rollout"]
+            assert watch.deletions == [], f"brokers deleted: {watch.deletions}"
+        assert _uids(_pods(cluster)) == _uids(rolled)
+
+
+def test_manual_rollback_brings_the_new_pod_back_without_the_sidecar(cluster: ApiCluster) -> None:
+    """Manual: all brokers run a working sidecar (the StatefulSet's current revision has it);
+    a spec change makes one that no node can schedule, and the person rolls broker-2 to it.
+    The rollback deletes exactly that pod, and it comes back *without* the sidecar: under the
+    Manual partition the old code's deletion brought it back from the current revision, with
+    the old sidecar."""
+    _brokers(cluster, 3)
+    manifest = policy("manual-bad", target=sts_target(), reporting={"intervalSeconds": 1},
+                      rollout={"strategy": "Manual", "progressDeadlineSeconds": 3})  # fmt: skip
+    with running_operator(expected_warnings=("has not become Ready",)):
+        _create(cluster, manifest)
+        good = wait_for(lambda: _template_hash(cluster), timeout=TIMEOUT, what="the sidecar in the template")
+        rolled = _roll_manually(cluster, 3, good)
+        cluster.patch_spec("manual-bad", {"sidecar": {"resources": {"requests": {"cpu": "5000"}}}})
+        wait_for(lambda: _template_hash(cluster) not in (None, good), timeout=TIMEOUT, what="the bad sidecar in "
+                 "the template")  # fmt: skip
+        assert cluster.sts()["spec"]["updateStrategy"]["rollingUpdate"]["partition"] == 3
+        with DeletionWatch(cluster, 3) as watch:
+            cluster.apps.patch_namespaced_stateful_set(  # the person rolls broker-2 only
+                "broker", NS, {"spec": {"updateStrategy": {"rollingUpdate": {"partition": 2}}}})
+            stalled = wait_for(lambda: (c := cluster.condition("manual-bad", "Stalled")).get("reason")
+                               == "SidecarRolledBack" and c, timeout=TIMEOUT, what="SidecarRolledBack")  # fmt: skip
+            assert "pod broker-2" in stalled["message"] and "Unschedulable" in stalled["message"]
+            back = wait_for(lambda: (p := _pods(cluster).get("broker-2")) and _ready(p) and p["metadata"]["uid"] != (
+                rolled["broker-2"]["metadata"]["uid"]) and p, timeout=TIMEOUT, what="broker-2 back and Ready")
+            assert find_sidecar(back["spec"]) is None, f"broker-2 came back with a sidecar: {_state(back)}"
+            _await_rounds("manual-bad", 2)
+        pods = _pods(cluster)
+        assert {n: p["metadata"]["uid"] for n, p in pods.items() if n != "broker-2"} == {
+            n: p["metadata"]["uid"] for n, p in rolled.items() if n != "broker-2"}
+        # The controller's deletion for the person's roll, then the operator's of the stuck pod
+        # (again, one per round, if the StatefulSet controller recreated it from the old template).
+        assert [d[0] for d in watch.deletions][:2] == ["broker-2", "broker-2"], watch.deletions
+        assert all(name == "broker-2" for name, _, _ in watch.deletions), watch.deletions
+        assert find_sidecar(pods["broker-2"]["spec"]) is None
+
+
+def test_ondelete_rolls_back_one_stuck_broker_per_round_each_after_the_last_is_ready(cluster: ApiCluster) -> None:
+    """OnDelete: a person deletes two brokers at once and both come back with a sidecar no
+    node can schedule (podManagementPolicy Parallel: with the default OrderedReady the
+    StatefulSet controller would not recreate broker-2 before broker-1 is Ready). The rollback
+    deletes them one at a time: the second only once the first is back (without the sidecar)
+    and Ready, never while another broker is being deleted or missing. The old code deleted
+    both in one round."""
+    before = _brokers(cluster, 3, parallel=True)
+    manifest = policy("ondelete-bad", target=sts_target(), sidecar={"resources": {"requests": {"cpu": "5000"}}},
+                      reporting={"intervalSeconds": 1},
+                      rollout={"strategy": "OnDelete", "progressDeadlineSeconds": 3})  # fmt: skip
+    with running_operator(expected_warnings=("has not become Ready",)):
+        _create(cluster, manifest)
+        bad = wait_for(lambda: _template_hash(cluster), timeout=TIMEOUT, what="the sidecar in the template")
+        # Deleted before the StatefulSet controller saw the template, they would come back without it.
+        wait_for(lambda: (s := cluster.sts())["status"].get("observedGeneration", 0) >= s["metadata"]["generation"]
+                 and s["status"].get("updateRevision") != s["status"].get("currentRevision"), timeout=TIMEOUT,
+                 what="the StatefulSet controller observing the template with the sidecar")  # fmt: skip
+        with DeletionWatch(cluster, 3) as watch:
+            for name in ("broker-1", "broker-2"):
+                cluster.core.delete_namespaced_pod(name, NS)
+            wait_for(lambda: cluster.condition("ondelete-bad", "Stalled").get("reason") == "SidecarRolledBack",
+                     timeout=TIMEOUT, what="SidecarRolledBack")  # fmt: skip
+            try:
+                pods = wait_for(lambda: _all_ready(cluster, 3, None), timeout=3 * TIMEOUT,
+                                what="three brokers Ready without the sidecar")  # fmt: skip
+            except AssertionError as e:
+                raise AssertionError(f"{e}; pods: {_pod_states(cluster)}; status.rollout: "
+                                     f"{cluster.status('ondelete-bad').get('rollout')}") from None
+            _await_rounds("ondelete-bad", 2)
+        assert pods["broker-0"]["metadata"]["uid"] == before["broker-0"]["metadata"]["uid"]
+        operator = [d for d in watch.deletions if d[1] == bad]  # the test deleted pods without the sidecar
+        assert [d[0] for d in operator] == ["broker-2", "broker-1"], watch.deletions
+        for name, _, others in operator:
+            busy = {n: s for n, s in others.items() if s == "missing" or s.startswith("deleting")}
+            assert not busy, f"{name} deleted while {busy}"
+        # When broker-1 went, broker-2 was back without the sidecar and Ready.
+        assert operator[1][2]["broker-2"] == "Ready (sidecar None)", watch.deletions

@@ -13,9 +13,11 @@ from compaction_operator.injection import SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTA
 from compaction_operator.rollout import (
     STRIMZI_MANUAL_ROLLING_UPDATE,
     UPDATE_STRATEGY_ANNOTATION,
+    Step,
     Workload,
     controller_caught_up,
     expected_pod_names,
+    failing,
     hold_ops,
     how_to_roll,
     next_to_roll,
@@ -23,6 +25,8 @@ from compaction_operator.rollout import (
     pod_view,
     rehold_ops,
     release_ops,
+    rollback_gate,
+    step_for,
     stuck,
 )
 from compaction_operator.status import BrokerPod, Outcome, Scrape, build_status
@@ -103,18 +107,20 @@ def test_pending_stuck_and_order() -> None:
                                                    "reason": "Unschedulable", "message": "Insufficient cpu"}))]
     assert [v.name for v in pending(views, "new")] == ["kafka-0", "kafka-1"]
     assert [v.name for v in pending(views, None)] == ["kafka-1", "kafka-2", "kafka-10"]
-    [bad] = stuck(views, "new", NOW, 600)
+    step = Step("new", NOW - datetime.timedelta(seconds=1000))
+    [bad] = stuck(views, step, NOW, 600)
     assert bad.name == "kafka-10" and bad.why == "Unschedulable: Insufficient cpu"
-    assert stuck(views, "new", NOW, 800) == [] and stuck(views, None, NOW, 1) == []
+    assert stuck(views, step, NOW, 800) == [] and stuck(views, None, NOW, 1) == []
     # Not Ready because of the broker's own container: never the sidecar's fault.
     broker_down = pod("kafka-3", ready=False, age=700)
     broker_down["status"]["containerStatuses"] = [{"name": "kafka", "state": {"waiting": {
         "reason": "CrashLoopBackOff"}}}]
-    assert stuck([pod_view(broker_down)], "new", NOW, 600) == []
+    assert stuck([pod_view(broker_down)], step, NOW, 600) == []
+    assert failing([pod_view(broker_down)], step) == []
     pull = pod("kafka-4", ready=False, age=700)
     pull["status"]["initContainerStatuses"] = [{"name": SIDECAR_CONTAINER, "state": {"waiting": {
         "reason": "ImagePullBackOff"}}}]
-    assert [v.why for v in stuck([pod_view(pull)], "new", NOW, 600)] == [
+    assert [v.why for v in stuck([pod_view(pull)], step, NOW, 600)] == [
         f"container {SIDECAR_CONTAINER}: ImagePullBackOff"]
     assert next_to_roll(views).name == "kafka-10"  # by ordinal, not by name
 
@@ -176,3 +182,143 @@ def test_a_pod_is_rolled_only_once_the_statefulset_controller_saw_the_template()
     assert not controller_caught_up(sts)
     assert controller_caught_up({**sts, "status": {"observedGeneration": 7}})
     assert not controller_caught_up({"metadata": {"generation": 1}})  # no status yet
+
+
+def crashing(name: str, *, age: float, hash_: str = "new", uid: str | None = None) -> dict[str, Any]:
+    """A pod whose kafka-cleaner container crash-loops (not Ready)."""
+    raw = pod(name, hash_=hash_, ready=False, age=age)
+    raw["status"]["initContainerStatuses"] = [{"name": SIDECAR_CONTAINER, "state": {"waiting": {
+        "reason": "CrashLoopBackOff"}}}]
+    if uid is not None:
+        raw["metadata"]["uid"] = uid
+    return raw
+
+
+def test_only_a_pod_of_the_step_that_never_became_ready_is_stuck() -> None:
+    """Issue 20 item 1: long-running brokers whose sidecar starts crash-looping (an OOM after a
+    ConfigMap-only edit) were all taken for stuck pods and deleted at once. Only a pod created
+    by the step in progress and never Ready since is stuck; the others are failing (reported)."""
+    began = NOW - datetime.timedelta(seconds=3600)
+    step = Step("new", began)
+    # Created before the step began (the sidecar they run was rolled out by an earlier step of
+    # the same hash, e.g. before an operator upgrade): not the step's.
+    old = [pod_view(crashing(f"kafka-{i}", age=7200)) for i in range(3)]
+    assert stuck(old, step, NOW, 600) == []
+    assert [v.name for v in failing(old, step)] == ["kafka-0", "kafka-1", "kafka-2"]
+    # Created by the step, and seen Ready since: broke later; failing, not stuck.
+    rolled = [pod_view(crashing(f"kafka-{i}", age=1800)) for i in range(3)]
+    seen = step.seen([pod_view(pod(f"kafka-{i}", age=1800)) for i in range(3)])
+    assert seen.ready == {"uid-kafka-0", "uid-kafka-1", "uid-kafka-2"}
+    assert stuck(rolled, seen, NOW, 600) == []
+    assert len(failing(rolled, seen)) == 3
+    # Created by the step and never Ready: stuck once past the deadline (never "failing").
+    assert [v.name for v in stuck(rolled, step, NOW, 600)] == ["kafka-0", "kafka-1", "kafka-2"]
+    assert failing(rolled, step) == []
+    assert stuck(rolled, step, NOW, 3600) == []  # within the deadline: in progress
+    # Another sidecar (an older hash): never this step's.
+    assert stuck([pod_view(crashing("kafka-5", age=1800, hash_="older"))], step, NOW, 600) == []
+    # A pod created in the step's second counts (creation times have whole seconds).
+    same_second = Step("new", NOW - datetime.timedelta(seconds=5) + datetime.timedelta(milliseconds=700))
+    assert [v.name for v in stuck([pod_view(crashing("kafka-6", age=5))], same_second, NOW, 1)] == ["kafka-6"]
+    # Uids of pods that are gone are forgotten; a recreated pod (new uid) is new again.
+    assert seen.seen([pod_view(pod("kafka-0", age=1800))]).ready == {"uid-kafka-0"}
+    again = pod_view(crashing("kafka-1", age=900, uid="uid-kafka-1-again"))
+    assert stuck([again], seen, NOW, 600) == [again]
+
+
+def test_the_step_follows_the_wanted_sidecar_and_survives_the_status() -> None:
+    first = step_for(None, "new", None, NOW)
+    assert first == Step("new", NOW)
+    assert step_for(first, "new", None, NOW + datetime.timedelta(hours=1)) is first
+    later = NOW + datetime.timedelta(hours=1)
+    assert step_for(first, "newer", None, later) == Step("newer", later)
+    # Rolled back: the rolled-back sidecar's step stays, to undo its pods.
+    assert step_for(first, None, "new", later) is first
+    assert step_for(first, None, None, later) is None
+    seen = first.seen([pod_view(pod("kafka-0", age=-1))])
+    assert Step.from_status(json.loads(json.dumps(seen.to_status()))) == seen
+    assert Step.from_status(None) is None and Step.from_status({"sidecarHash": "x"}) is None
+
+
+def test_the_rollback_deletes_one_pod_at_a_time_behind_the_paced_gate() -> None:
+    step = Step("bad", NOW - datetime.timedelta(seconds=60))
+    b1, b2 = pod_view(crashing("kafka-1", age=30, hash_="bad")), pod_view(crashing("kafka-2", age=30, hash_="bad"))
+    healthy = pod_view(pod("kafka-0", hash_=None))
+    expected = ["kafka-0", "kafka-1", "kafka-2"]
+    undo = stuck([healthy, b1, b2], step, NOW, 0.0)
+    held = {"metadata": {"generation": 4}, "status": {"observedGeneration": 4},
+            "spec": {"updateStrategy": {"type": "OnDelete"}, "podManagementPolicy": "Parallel"}}
+
+    def gate(pods: list[Any], candidates: list[Any], sts: Any = held, template: bool = True) -> str | None:
+        return rollback_gate(pods, expected, candidates, sts, template=template)[1]
+
+    # Both stuck pods are down already: the first may go; Parallel: the highest ordinal first.
+    assert rollback_gate([healthy, b1, b2], expected, undo, held, template=True) == (b2, None)
+    # Another broker not Ready for a reason of its own: wait.
+    sick = pod_view(pod("kafka-0", hash_=None, ready=False))
+    assert gate([sick, b1, b2], undo) == "waiting: kafka-0 not Ready"
+    # The last deletion is not back yet: wait (never two at once).
+    assert gate([healthy, b1], [b1]) == "waiting: kafka-2 missing"
+    gone = pod_view({**crashing("kafka-2", age=30, hash_="bad"),
+                     "metadata": {**crashing("kafka-2", age=30)["metadata"], "deletionTimestamp": "x"}})
+    assert gate([healthy, b1, gone], [b1]) == "waiting: kafka-2 being deleted"
+    back = pod_view(pod("kafka-2", hash_=None, ready=False, age=1))
+    assert gate([healthy, b1, back], [b1]) == "waiting: kafka-2 not Ready"
+    # The StatefulSet controller must have seen the template without the sidecar.
+    behind = {**held, "status": {"observedGeneration": 3}}
+    assert "has not observed" in gate([healthy, b1, b2], undo, behind)
+    # A Manual partition above the pod's ordinal would bring it back from the current revision.
+    partition = {**held, "spec": {"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 3}}}}
+    assert "current revision" in gate([healthy, b1, b2], undo, partition)
+    # The webhook's pods (no template of ours): only the pods decide.
+    assert gate([healthy, b1, b2], undo, held, template=False) is None
+
+
+def test_under_ordered_ready_the_lowest_stuck_pod_goes_first_and_the_missing_above_it_wait() -> None:
+    """The StatefulSet controller's default (OrderedReady) creates no pod above one that is not
+    Ready: a person deleted kafka-1 and kafka-2, kafka-1 came back stuck and kafka-2 is never
+    recreated until kafka-1 is Ready. Waiting for kafka-2 would wait forever."""
+    ordered = {"metadata": {"generation": 4}, "status": {"observedGeneration": 4},
+               "spec": {"updateStrategy": {"type": "OnDelete"}}}
+    b1 = pod_view(crashing("kafka-1", age=30, hash_="bad"))
+    healthy = pod_view(pod("kafka-0", hash_=None))
+    expected = ["kafka-0", "kafka-1", "kafka-2"]
+    assert rollback_gate([healthy, b1], expected, [b1], ordered, template=True) == (b1, None)
+    b2 = pod_view(crashing("kafka-2", age=30, hash_="bad"))
+    assert rollback_gate([healthy, b1, b2], expected, [b1, b2], ordered, template=True) == (b1, None)
+    # A missing pod below the pick is another matter: wait for it.
+    assert rollback_gate([b1, b2], expected, [b1, b2], ordered, template=True)[1] == "waiting: kafka-0 missing"
+
+
+def test_a_rollback_holds_ondelete_whatever_the_strategy() -> None:
+    """Under a Manual partition a deleted pod comes back from the current revision (with the
+    sidecar when an earlier rollout completed): the rollback's hold is OnDelete."""
+    manual = jsonpatch.apply_patch(sts(), hold_ops(sts(), RolloutStrategy.MANUAL))
+    rollback = jsonpatch.apply_patch(manual, hold_ops(manual, RolloutStrategy.ON_DELETE))
+    assert rollback["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert rollback["metadata"]["annotations"] == manual["metadata"]["annotations"]  # the original, once
+    assert rehold_ops(rollback, RolloutStrategy.ON_DELETE) is None
+    back = jsonpatch.apply_patch(rollback, rehold_ops(rollback, RolloutStrategy.MANUAL))
+    assert back["spec"]["updateStrategy"] == manual["spec"]["updateStrategy"]
+
+
+def test_a_failing_sidecar_makes_the_policy_degraded_naming_the_pods() -> None:
+    status = build_status(policy=make_policy(), generation=3, previous=None, outcome=Outcome(),
+                          pods=[BrokerPod(f"kafka-{i}", sidecar_hash="h") for i in range(3)], scrapes=None,
+                          sidecar_hash="h", now=NOW, sidecar_failing=[(f"kafka-{i}", "CrashLoopBackOff")
+                                                                      for i in range(3)])
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "SidecarFailing")
+    assert "kafka-0, kafka-1, kafka-2" in degraded["message"] and "CrashLoopBackOff" in degraded["message"]
+    assert "nothing is rolled back or deleted" in degraded["message"]
+
+
+def test_a_person_s_roll_under_the_manual_hold_is_not_undone() -> None:
+    """Manual: the person rolls by lowering the partition (the command in pendingPods). The
+    hold must not raise it again while pods wait (the old rehold did, every round: with a
+    reporting interval shorter than a broker's restart only the first broker rolled)."""
+    manual = jsonpatch.apply_patch(sts(), hold_ops(sts(), RolloutStrategy.MANUAL))
+    lowered = jsonpatch.apply_patch(manual, [{"op": "replace", "path": "/spec/updateStrategy/rollingUpdate/partition",
+                                              "value": 1}])
+    assert rehold_ops(lowered, RolloutStrategy.MANUAL) is None
+    assert rehold_ops(lowered, RolloutStrategy.PACED) is not None  # another kind of hold: changed
