@@ -20,7 +20,14 @@ from cleaner.config import CleanerConfig, Policy
 from cleaner.engine.log_cleaner import CleanResult, LogCleaner
 from cleaner.engine.manager import LogCleanerManager, ManagedLog, PartitionReport
 from cleaner.engine.next_clean import NextCleanCache, NextCleanEstimate, estimate_next_clean, section_shape
-from cleaner.errors import CorruptRecordError, KafkaCleanerError, LogDirLockedError, truncated_batch
+from cleaner.errors import (
+    CorruptRecordError,
+    KafkaCleanerError,
+    LogDirLockedError,
+    ThreadShutdownError,
+    failure_reason,
+    truncated_batch,
+)
 from cleaner.records.batch import LOG_OVERHEAD
 from cleaner.replica_facts import ReplicaFacts, replica_facts
 from cleaner.segment_facts import FactsCache, SegmentFacts
@@ -126,6 +133,8 @@ class PartitionStatus:
     next_clean: NextCleanEstimate | None = None
     replica: ReplicaFacts | None = None
     """What the operator compares with the partition's other replicas (``replica_facts``)."""
+    error: BaseException | None = None
+    """What ended this partition's look early (then it is reported uncleanable with it)."""
 
     @property
     def oldest_tombstone_age_ms(self) -> int | None:
@@ -223,13 +232,25 @@ def status(
     out = []
     logs = manager.logs()
     for report in manager.report(now):
-        managed = logs[report.topic_partition]
-        facts, damage = _log_facts(managed, cache, throttle)
-        if damage is not None and report.reason != "uncleanable":
-            # What the cleaner will meet when it reads this segment: said now, with its cause.
-            report.eligible, report.reason, report.uncleanable_reason = False, "uncleanable", damage
-        estimate = _next_clean(managed, report, policy, next_clean, now, throttle) if next_clean else None
-        replica = replica_facts(managed.log, report) if replicas and report.compacted else None
+        managed = logs.get(report.topic_partition)
+        if managed is None:
+            continue  # created since the listing above: the next look sees it
+        try:
+            facts, damage = _log_facts(managed, cache, throttle)
+            if damage is not None and report.reason != "uncleanable":
+                # What the cleaner will meet when it reads this segment: said now, with its cause.
+                report.eligible, report.reason, report.uncleanable_reason = False, "uncleanable", damage
+            estimate = _next_clean(managed, report, policy, next_clean, now, throttle) if next_clean else None
+            replica = replica_facts(managed.log, report) if replicas and report.compacted else None
+        except ThreadShutdownError:
+            raise
+        except Exception as e:
+            # One partition's look failing (a bug, or a file the broker changed in a way no
+            # reader expected) never costs the others theirs.
+            log.exception("cannot look at %s", report.topic_partition)
+            report.eligible, report.reason, report.uncleanable_reason = False, "uncleanable", failure_reason(e)
+            out.append(PartitionStatus(report, None, now, error=e))
+            continue
         out.append(PartitionStatus(report, facts, now, estimate, replica))
     if next_clean is not None:
         next_clean.retain(set(logs))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time as _time
+from collections.abc import Callable
 from typing import Protocol
 
 from cleaner.errors import ThreadShutdownError
@@ -109,13 +110,16 @@ class StoppableTime:
     which aborts the round like the cleaner's own shutdown check, so SIGTERM, SIGINT, a
     pause or a mode switch never waits for it (``Throttler`` sleeps in one piece, up to seconds at a
     low ``maxIoBytesPerSecond``), and the work does not go on unthrottled either.
+    ``poll``, when given, runs before each slice in the sleeping thread and may set one of the
+    events (stage mode's policy watch: a changed policy file aborts a throttled round).
     Everything else is the wrapped clock."""
 
     SLICE_MS = 100
 
-    def __init__(self, time: Time, *events: threading.Event) -> None:
+    def __init__(self, time: Time, *events: threading.Event, poll: Callable[[], None] | None = None) -> None:
         self._time = time
         self._events = events
+        self._poll = poll
 
     def milliseconds(self) -> int:
         return self._time.milliseconds()
@@ -125,6 +129,8 @@ class StoppableTime:
 
     def sleep(self, ms: float) -> None:
         while True:
+            if self._poll is not None:
+                self._poll()
             if any(e.is_set() for e in self._events):
                 raise ThreadShutdownError("stopping this work")
             if ms <= 0:

@@ -102,6 +102,17 @@ class CorruptSnapshotError(CorruptDataError):
     """A producer-state snapshot has a bad version or CRC (Kafka: CorruptSnapshotException)."""
 
 
+class FileChangedError(KafkaCleanerError):
+    """A file a running broker writes changed while it was being read: a read came back
+    short because the file shrank (an index trimmed at a roll, a truncation), or it vanished
+    or was renamed (retention, topic deletion's ``-delete``, a reassignment). Not corruption:
+    the next look sees the file as it now is."""
+
+    def __init__(self, path: str | os.PathLike[str], what: str) -> None:
+        self.path = os.fspath(path)
+        super().__init__(f"{self.path}: the file changed while it was read ({what}); the next scan reads it again")
+
+
 class LogSegmentOffsetOverflowError(KafkaCleanerError):
     """An offset does not fit the segment's 32-bit relative range."""
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cleaner.engine.manager import PartitionReport
-from cleaner.errors import KafkaCleanerError
+from cleaner.errors import FileChangedError, KafkaCleanerError
 from cleaner.records.batch import LOG_OVERHEAD
 from cleaner.storage.log import Log
 
@@ -79,6 +79,9 @@ class ReplicaFacts:
     probes: tuple[BatchProbe, ...] = ()
     min_cleanable_ratio: float = 0.5
     """The partition's ``min.cleanable.dirty.ratio``: above it, its cleaner is due."""
+    probe_error: KafkaCleanerError | OSError | None = None
+    """Why there are no probes this time (a file the broker changed under the read, most
+    often); not in ``/status``: the next scan probes again."""
 
     def as_status(self, topic: str, partition: int) -> dict[str, object]:
         return {
@@ -105,9 +108,11 @@ def probe_offsets(first_dirty_offset: int, high_watermark: int) -> list[int]:
 
 def replica_facts(partition_log: Log, report: PartitionReport) -> ReplicaFacts:
     """The replica's facts from the scan's report and a few hundred bytes read for the probes
-    (a live broker may roll or delete a segment under them: then no probes, the rest stands)."""
+    (a live broker may roll, trim or delete a segment under them: then no probes and
+    ``probe_error`` says why, the rest stands). Anything else raised is a bug: the caller's."""
     dirty = max(report.size_bytes - report.clean_bytes, 0)
     probes: list[BatchProbe] = []
+    error: KafkaCleanerError | OSError | None = None
     hw = report.high_watermark
     if hw is not None:
         upper = min(hw, report.log_end_offset)
@@ -118,7 +123,7 @@ def replica_facts(partition_log: Log, report: PartitionReport) -> ReplicaFacts:
                     probes.append(probe)
         except (KafkaCleanerError, OSError) as e:
             log.warning("cannot probe %s: %s", report.topic_partition, e)
-            probes = []
+            probes, error = [], e
     return ReplicaFacts(
         log_start_offset=report.log_start_offset,
         log_end_offset=report.log_end_offset,
@@ -128,6 +133,7 @@ def replica_facts(partition_log: Log, report: PartitionReport) -> ReplicaFacts:
         dirty_bytes=dirty,
         probes=tuple(probes),
         min_cleanable_ratio=report.min_cleanable_ratio,
+        probe_error=error,
     )
 
 
@@ -148,9 +154,11 @@ def _batch_at(partition_log: Log, offset: int) -> BatchProbe | None:
         for _ in range(_MAX_WALK):
             head = os.pread(fd, _HEAD.size, position)
             if len(head) < _HEAD.size:
+                if position + _HEAD.size <= size:  # truncated since the fstat
+                    raise FileChangedError(segment.log_path, f"{size} bytes at first, a short read at byte {position}")
                 return None
             base, length, _epoch, magic, crc, _attributes, last_delta = _HEAD.unpack(head)
-            if magic < 2 or position + LOG_OVERHEAD + length > size:
+            if magic < 2 or length < _HEAD.size - LOG_OVERHEAD or position + LOG_OVERHEAD + length > size:
                 return None  # legacy, or a batch the broker is still writing
             if base + last_delta >= offset:
                 return BatchProbe(base, base + last_delta, crc)
@@ -162,15 +170,24 @@ def _index_floor(index_path: Path, base_offset: int, offset: int) -> int:
     """The log position of the last ``.index`` entry at or below ``offset``, else 0 (also
     when there is no index). Entries are (relative offset, position) pairs in offset order;
     the zeros a preallocated index ends with count as beyond every offset (only the first
-    entry can have position 0)."""
+    entry can have position 0).
+
+    A broker trims its active index at a roll (from the preallocated size to its entries),
+    possibly between the ``fstat`` and a read: a short read raises :class:`FileChangedError`."""
     try:
         with open(index_path, "rb") as f:
             fd = f.fileno()
-            lo, hi = 0, os.fstat(fd).st_size // 8 - 1
+            size = os.fstat(fd).st_size
+            lo, hi = 0, size // 8 - 1
             found = 0
             while lo <= hi:
                 mid = (lo + hi) // 2
-                relative, position = _INDEX_ENTRY.unpack(os.pread(fd, 8, mid * 8))
+                entry = os.pread(fd, 8, mid * 8)
+                if len(entry) < 8:
+                    raise FileChangedError(
+                        index_path, f"{size} bytes at first, {len(entry)} of entry {mid}'s 8 at byte {mid * 8} later"
+                    )
+                relative, position = _INDEX_ENTRY.unpack(entry)
                 if (mid == 0 or position > 0) and base_offset + relative <= offset:
                     found, lo = position, mid + 1
                 else:

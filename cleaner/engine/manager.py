@@ -203,7 +203,13 @@ class LogCleanerManager:
                     seen.add(tp)
                     managed = self._logs.get(tp)
                     if managed is None or managed.rule != rule or managed.log.needs_reopen:
-                        the_log = log_dir.open_log(tp, log_config_for(rule), log_start_offset=starts.get(tp))
+                        try:
+                            the_log = log_dir.open_log(tp, log_config_for(rule), log_start_offset=starts.get(tp))
+                        except (FileNotFoundError, NotADirectoryError):
+                            # Gone since the listing (a topic deletion renames the dir to
+                            # -delete, a reassignment moves it): not a log any more.
+                            seen.discard(tp)
+                            continue
                         self._logs[tp] = ManagedLog(log_dir, tp, the_log, rule)
                     self._logs[tp].config = config
             for tp in [tp for tp in self._logs if tp not in seen]:
@@ -494,7 +500,20 @@ class LogCleanerManager:
         with self._lock:
             checkpoints = self.all_cleaner_checkpoints()
             for tp, managed in self.logs().items():
-                out.append(self._report_one(managed, checkpoints.get(tp), now))
+                try:
+                    out.append(self._report_one(managed, checkpoints.get(tp), now))
+                except Exception as e:  # one partition's files changing under the look costs only its picture
+                    log.warning("cannot report %s: %s", tp, failure_reason(e))
+                    out.append(
+                        PartitionReport(
+                            str(managed.log_dir),
+                            tp,
+                            managed.compacted,
+                            log_start_offset=managed.log.log_start_offset,
+                            reason="uncleanable",
+                            uncleanable_reason=failure_reason(e),
+                        )
+                    )
         return out
 
     def _report_one(self, managed: ManagedLog, checkpoint: int | None, now: int) -> PartitionReport:

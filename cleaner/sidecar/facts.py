@@ -27,10 +27,13 @@ class ScanFactsCache(FactsCache):
         super().__init__()
         self.failures: dict[Path, str] = {}
         """Partition dir -> why its segments could not be read, for the current scan."""
+        self.errors: dict[Path, BaseException] = {}
+        """Partition dir -> the error behind ``failures`` (what the scan-failure metric counts)."""
         self._bad: dict[str, tuple[tuple[int, int, int, int], BaseException]] = {}
 
     def start_scan(self) -> None:
         self.failures = {}
+        self.errors = {}
 
     def facts(
         self, segment: LogSegment, *, active: bool, throttle: Callable[[int], None] | None = None
@@ -64,6 +67,7 @@ class ScanFactsCache(FactsCache):
 
     def _fail(self, segment: LogSegment, error: BaseException) -> None:
         self.failures.setdefault(segment.log_path.parent, f"{type(error).__name__}: {error}")
+        self.errors.setdefault(segment.log_path.parent, error)
 
     def forget_missing(self) -> None:
         super().forget_missing()

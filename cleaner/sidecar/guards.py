@@ -21,6 +21,9 @@ Free disk is guarded where staging happens (``stage.free_disk_allows``,
 Before any of that, ``mode_refusal`` decides whether a writing mode may run at all as this
 process's uid (checked when the log dirs are first seen, and again when they or the mode
 change): the files compact and stage modes write must be the broker's to open read-write.
+
+At commit time, ``CommitCheck`` asks again, right before each set, whether the policy file and
+the cluster's topic config *as they are now* still want it; a set they do not is discarded.
 """
 
 from __future__ import annotations
@@ -32,12 +35,17 @@ from typing import Any
 
 from cleaner.clock import SYSTEM_TIME
 from cleaner.config import Mode, Policy
+from cleaner.effective_config import EffectiveRule, effective_rule
 from cleaner.engine.manager import LogCleanerManager, ManagedLog
+from cleaner.errors import KafkaCleanerError
+from cleaner.storage.cluster_metadata import ClusterMetadata, ClusterMetadataReader, find_metadata_dir
 from cleaner.storage.log_dir import LogDirectory
+from cleaner.storage.metadata import read_meta_properties
 from cleaner.storage.topic_partition import TopicPartition
 
 from . import stage
-from .stage import Owner, uid_refusal
+from .policy_watch import PolicyInForce
+from .stage import Owner, StagedSet, Unwanted, uid_refusal
 
 
 def stage_refusal(
@@ -151,6 +159,9 @@ def stage_report(log_dirs: list[Path], policy: Policy) -> list[dict[str, Any]]:
         staged = stage.load(managed.log.dir)
         if staged is not None:
             why = stage.validate(staged, managed.log.dir)
+            unwanted = config_unwanted(staged, managed.config) if why is None and managed.config else None
+            if unwanted is not None:  # a commit would discard it
+                why = unwanted.message
             entry.update(
                 state="staged" if why is None else "stale",
                 reason=why,
@@ -185,3 +196,89 @@ def refusal_lines(log_dirs: list[Path], policy: Policy) -> list[str]:
         for e in stage_report(log_dirs, policy)
         if e["state"] != "none"
     ]
+
+
+class CommitCheck:
+    """Whether the policy and the cluster's topic config in force *now* still want a staged
+    set (``stage.commit_log_dir``'s ``wanted``). Each call reads the policy file again
+    (``PolicyInForce``) and brings the KRaft metadata on these disks up to date
+    (``ClusterMetadataReader``, which reads only what was appended), then asks what staging
+    asks (``LogCleanerManager.logs`` and ``stage_refusal``'s config checks):
+
+    - the policy file is there, in stage mode and not paused;
+    - a rule matches the topic, and the topic's effective ``cleanup.policy`` (the cluster's
+      where it sets one) includes ``compact``;
+    - the cluster does not compact the topic itself, nor keep it in remote storage;
+    - the effective ``delete.retention.ms`` and ``min.compaction.lag.ms`` are those the set
+      was cleaned under (``stage.RESULT_KEYS``), and the cluster's config is read now if it
+      was read then (unreadable metadata must not pass for a config that did not change).
+    """
+
+    def __init__(self, policy_path: str | Path, log_dirs: Sequence[Path], last_good: Policy | None = None) -> None:
+        self.policy = PolicyInForce(policy_path, last_good)
+        self.log_dirs = list(log_dirs)
+        self._reader: ClusterMetadataReader | None = None
+
+    def _cluster(self) -> tuple[ClusterMetadata | None, int | None, str | None]:
+        """(metadata, this broker's id, why it cannot be read)."""
+        found = find_metadata_dir(self.log_dirs)
+        if found is None:
+            return None, None, None
+        if self._reader is None or self._reader.dir != found:
+            self._reader = ClusterMetadataReader(found)
+        try:
+            metadata = self._reader.refresh()
+        except (KafkaCleanerError, OSError) as e:
+            self._reader = None
+            return None, None, str(e)
+        try:
+            broker_id = read_meta_properties(found.parent / "meta.properties").node_id
+        except (KafkaCleanerError, OSError):
+            broker_id = None
+        return metadata, broker_id, None
+
+    def __call__(self, tp: TopicPartition, staged: StagedSet) -> Unwanted | None:
+        policy, why = self.policy.read()
+        if policy is None:
+            return Unwanted("policyGone", why or "no policy")
+        if policy.mode is not Mode.STAGE:
+            return Unwanted("notStageMode", f"the policy is in {policy.mode} mode now, not stage")
+        if policy.paused:
+            return Unwanted("paused", "the policy is paused")
+        rule = policy.rule_for(tp.topic)
+        if rule is None:
+            return Unwanted("noRule", f"no rule of the policy matches the topic {tp.topic} any more")
+        cluster, broker_id, error = self._cluster()
+        config = effective_rule(rule, cluster.topic(tp.topic, broker_id) if cluster is not None else None)
+        if not config.rule.compact:
+            whose = "the cluster's" if config.sources.get("cleanup.policy") == "cluster" else "the rule's"
+            now_policy = config.rule.cleanup_policy
+            return Unwanted("notCompacted", f"the topic's cleanup.policy is now {now_policy} ({whose}): not compacted")
+        if config.cluster_compacts:
+            return Unwanted(
+                "brokerCompacts",
+                "the cluster's topic config says cleanup.policy=compact now: the broker's own cleaner compacts it",
+            )
+        if config.remote_storage:
+            return Unwanted("tiered", "the cluster's topic config says remote.storage.enable=true now")
+        return config_unwanted(staged, config, error)
+
+
+def config_unwanted(staged: StagedSet, config: EffectiveRule, cluster_error: str | None = None) -> Unwanted | None:
+    """Why the topic's effective config in force (``config``) no longer wants ``staged``:
+    a config that changes the result (``stage.RESULT_KEYS``) is not what the set was cleaned
+    under, or the cluster's config was read then and cannot be now; None if it still does."""
+    then = staged.cleaned_under
+    if not then:
+        return Unwanted(
+            "notRecorded", "the set does not record the config it was cleaned under (staged by an older version)"
+        )
+    now = stage.cleaned_under_of(config.rule, config)
+    if then.get("clusterConfig") and not now["clusterConfig"]:
+        because = f": {cluster_error}" if cluster_error else " (no metadata log among the log dirs)"
+        return Unwanted(
+            "configChanged", f"the set was cleaned under the cluster's topic config, which cannot be read now{because}"
+        )
+    changed = [f"{k} is {now[k]} now, the set was cleaned under {then.get(k)}" for k in stage.RESULT_KEYS
+               if then.get(k) != now[k]]  # fmt: skip
+    return Unwanted("configChanged", "; ".join(changed)) if changed else None

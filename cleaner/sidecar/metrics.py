@@ -18,10 +18,22 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from cleaner.engine.log_cleaner import CleanResult
+from cleaner.errors import FileChangedError, KafkaCleanerError
 
 from .report import ScanSnapshot
 
 PREFIX = "kafka_cleaner_"
+SCAN_FAILURE_REASONS = ("file_changed", "unreadable", "unexpected")
+LOOP_STEPS = ("scan", "mode", "turn")
+
+
+def failure_kind(error: BaseException) -> str:
+    """The ``reason`` label of a partition's failed look (``SCAN_FAILURE_REASONS``)."""
+    if isinstance(error, (FileChangedError, FileNotFoundError, NotADirectoryError)):
+        return "file_changed"
+    if isinstance(error, (KafkaCleanerError, OSError)):
+        return "unreadable"
+    return "unexpected"
 
 
 @dataclass
@@ -72,6 +84,32 @@ class SidecarMetrics:
         self.scan_bytes_read = Counter(
             PREFIX + "scan_bytes_read", "Bytes read by observe scans", registry=self.registry
         )
+        self.stage_sets_discarded = Counter(
+            PREFIX + "stage_sets_discarded",
+            "Staged sets discarded, not committed: the policy or the cluster's topic config in force no longer "
+            "wants them (reason: policyGone, notStageMode, paused, noRule, notCompacted, brokerCompacts, tiered, "
+            "configChanged, notRecorded)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.scan_failures = Counter(
+            PREFIX + "scan_failures",
+            "Partitions whose look in a scan failed, by reason: file_changed (a file the broker changed "
+            "under the read), unreadable (an I/O error or bytes that do not parse), unexpected (a bug)",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.loop_errors = Counter(
+            PREFIX + "loop_errors",
+            "Exceptions the sidecar's loop caught and went on after, by step: scan (a whole scan), "
+            "mode (the mode's step), turn (anything else in one turn of the loop)",
+            ["step"],
+            registry=self.registry,
+        )
+        for reason in SCAN_FAILURE_REASONS:  # every series exists from the start (rate() sees the first one)
+            self.scan_failures.labels(reason)
+        for step in LOOP_STEPS:
+            self.loop_errors.labels(step)
         self.registry.register(_LogCollector(snapshot, gauges, per_partition, max_partition_series))
 
     def record_clean(self, result: CleanResult) -> None:

@@ -38,6 +38,8 @@ class PolicyWatcher:
         """The file is gone (the policy was deleted): the sidecar stops acting on it."""
         self.unknown_fields: tuple[str, ...] = ()
         """Fields of the loaded policy this version does not know (and ignores)."""
+        self._unchanged: bytes | None = None
+        """The last content ``changed`` found to make no difference."""
 
     def poll(self) -> Policy | None:
         """The new policy if the file changed and parses; None otherwise (a bad or missing
@@ -73,3 +75,61 @@ class PolicyWatcher:
             policy = dataclasses.replace(policy, policy_generation=self._loaded)
         self.policy = policy
         return policy
+
+    def changed(self) -> bool:
+        """Whether the file now holds another valid policy than the one loaded, or is gone:
+        what the next ``poll`` would act on. Changes nothing here (``poll`` still sees the
+        change); a file that does not parse is no change (the loaded policy stays in force).
+        Stage mode asks it while a round runs, so a policy change aborts the round at once."""
+        if self.policy is None:
+            return False
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        digest = hashlib.sha256(data).digest()
+        if digest in (self._digest, self._unchanged):
+            return False
+        try:
+            new = parse_policy_text(data.decode("utf-8", errors="replace"), source=str(self.path), unknown_fields=[])
+        except PolicyError:
+            new = None
+        if new is None or new == self.policy:  # the spec is the same (a new generation alone)
+            self._unchanged = digest
+            return False
+        return True
+
+
+class PolicyInForce:
+    """The policy file as it is at this instant, for a commit: read again on every call (a few
+    KiB), parsed again only when its content changed. A file that does not parse leaves the
+    last good policy in force (``last_good``, then the last one read here), as the watcher
+    does; a file that is gone is a deleted policy."""
+
+    def __init__(self, path: str | Path, last_good: Policy | None = None) -> None:
+        self.path = Path(path)
+        self._policy = last_good
+        self._digest: bytes | None = None
+
+    def read(self) -> tuple[Policy | None, str | None]:
+        """(the policy in force, None), or (None, why there is none)."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None, f"the policy file {self.path} is gone (a deleted policy)"
+        except OSError as e:
+            return None, f"cannot read the policy file {self.path}: {e.strerror or e}"
+        digest = hashlib.sha256(data).digest()
+        if digest != self._digest:
+            self._digest = digest
+            try:
+                self._policy = parse_policy_text(
+                    data.decode("utf-8", errors="replace"), source=str(self.path), unknown_fields=[]
+                )
+            except PolicyError as e:
+                log.warning("%s: %s; the last good policy stays in force", self.path, e)
+        if self._policy is None:
+            return None, f"the policy file {self.path} holds no valid policy"
+        return self._policy, None

@@ -66,15 +66,18 @@ from cleaner.windows import in_window
 
 from . import stage
 from .facts import ScanFactsCache
-from .guards import mode_refusal, refusals
+from .guards import CommitCheck, config_unwanted, mode_refusal, refusals
 from .logdirs import duplicate_partitions, expand_log_dirs
-from .metrics import CleanerGauges, SidecarMetrics
+from .metrics import CleanerGauges, SidecarMetrics, failure_kind
 from .policy_watch import PolicyWatcher
 from .report import LogDirInfo, ScanSnapshot, build_status, rfc3339
 
 log = logging.getLogger("cleaner.sidecar")
 
 POLICY_POLL_MS = 2_000
+MAX_LOOP_BACKOFF_MS = 60_000
+"""The longest wait after a turn of the loop that raised (the wait doubles from twice the
+turn's, while turns keep failing); a turn that works resets it."""
 
 
 @dataclass
@@ -151,6 +154,8 @@ class Sidecar:
         its work is held (observing goes on) and ``/status`` says why."""
         self._refusal_for: tuple[str, tuple[Path, ...]] | None = None
         self._gate_deadline_ns = 0
+        self._gate_discards = 0
+        """Staged sets discarded before the gate opened (a deleted policy, another mode)."""
         self._policy_gone = False
         self.ready = False
         self.stopping = threading.Event()
@@ -178,7 +183,11 @@ class Sidecar:
             self._poll_policy()
         if self.policy is None:
             if not self.gate.open and self.watcher.error is not None:
-                # Nothing to commit without a policy: never hold the broker back for it.
+                # Nothing to commit without a policy: never hold the broker back for it. A
+                # deleted policy (the file is gone) wants no staged set: they go.
+                if self.watcher.missing:
+                    dirs, _ = expand_log_dirs(self.options.log_dir_patterns)
+                    self._discard_stage_sets(dirs, "policyGone", "the policy file is gone (a deleted policy)")
                 self._open_gate(now, {"skipped": f"no policy: {self.watcher.error}"})
             return
         dirs, missing = expand_log_dirs(self.options.log_dir_patterns)
@@ -212,13 +221,17 @@ class Sidecar:
                     self._controller.step(now)
             except Exception as e:
                 log.exception("mode %s failed", self.policy.mode)
+                self.metrics.loop_errors.labels("mode").inc()
                 self._error(None, None, f"{self.policy.mode} mode: {type(e).__name__}: {e}")
                 self.state.state = "error"
                 if not self.gate.open:
                     self._open_gate(now, {"error": f"{type(e).__name__}: {e}"})
         if now >= self._next_scan_ms:
             self._next_scan_ms = now + self._scan_interval_ms()
-            self.scan()
+            try:
+                self.scan()
+            except Exception as e:  # what scan() itself does not expect: a bug; the next scan runs
+                self._loop_error("scan", e)
 
     def _check_mode_allowed(self, dirs: list[Path]) -> None:
         """``guards.mode_refusal`` when the mode or the log dirs changed (the broker may
@@ -251,16 +264,47 @@ class Sidecar:
             self.gate.state = "running"
             self.gate.started_at_ms = now
             self._gate_deadline_ns = self.time.nanoseconds() + self._controller.gate_seconds() * 1_000_000_000
+            if not isinstance(self._controller, _StageController):
+                # Sets a stage-mode policy left: no other mode commits (or validates) them.
+                mode = self.policy.mode
+                self._discard_stage_sets(self.log_dirs, "notStageMode", f"the policy is in {mode} mode, not stage")
         if self.policy.paused:
             self._controller.pause(now)
             self.state.state = "paused"
-            self._open_gate(now, {"skipped": "the policy is paused"})
+            result: dict[str, Any] = {"skipped": "the policy is paused"}
+            if isinstance(self._controller, _StageController):
+                # A paused policy commits nothing, and its sets go: the commit's check (the
+                # policy file as it is now) discards each set it does not want.
+                result["discarded"] = self._controller.commit(self._gate_deadline_ns, "gate")["discarded"]
+            self._open_gate(now, result)
             return
         result = self._controller.gate_step(self._gate_deadline_ns)
         if result is not None:
             self._open_gate(now, result)
 
+    def _discard_stage_sets(self, dirs: list[Path], code: str, why: str) -> int:
+        """Delete every staged set (and unfinished round) in ``dirs``, which the policy in
+        force does not want (deleting is always safe: the broker never read them); returns
+        how many sets went, each logged, reported and counted."""
+        n = 0
+        for d in dirs:
+            for tp, pdir in stage.staged_partitions(d).items():
+                had_set = stage.load(pdir) is not None
+                try:
+                    stage.delete_set(pdir)
+                except OSError as e:
+                    self._error(str(d), str(tp), f"cannot delete the staged set: {e}")
+                    continue
+                if had_set:
+                    n += 1
+                    self.metrics.stage_sets_discarded.labels(code).inc()
+                    self._error(str(d), str(tp), f"discarded the staged set, not committed: {why}")
+        self._gate_discards += n
+        return n
+
     def _open_gate(self, now: int, result: dict[str, Any]) -> None:
+        if self._gate_discards and "discarded" not in result:
+            result = {**result, "discarded": self._gate_discards}
         self.gate.state = "open"
         self.gate.started_at_ms = self.gate.started_at_ms or now
         self.gate.opened_at_ms = self.time.milliseconds()
@@ -330,6 +374,8 @@ class Sidecar:
 
         before = self.facts.bytes_read
         self.facts.start_scan()
+        previous = self.snapshot
+        failed = False
         try:
             self._refresh_observed(observer)
             statuses = cleaning.status(
@@ -345,17 +391,24 @@ class Sidecar:
                 next_clean=self.next_clean if policy.mode == Mode.OBSERVE else None,
                 replicas=True,
             )
-        except (KafkaCleanerError, OSError) as e:
-            self._error(None, None, f"scan failed: {e}")
-            statuses = []
+        except ThreadShutdownError:
+            return self.snapshot  # the sidecar is stopping
+        except Exception as e:
+            # The scan as a whole (what every partition shares: the log dir's listing, its
+            # checkpoints): the partitions keep their previous picture, and the scan's time.
+            self._loop_error("scan", e)
+            failed = True
+            statuses = list(previous.statuses) if previous is not None else []
         self.facts.forget_missing()
         self.metrics.scan_bytes_read.inc(self.facts.bytes_read - before)
-        statuses = self._settle_failures(statuses)
-        previous = {s.report.topic_partition: s for s in (self.snapshot.statuses if self.snapshot else [])}
-        for d in busy:  # a dir being cleaned keeps its previous picture until the pass ends
-            statuses += [s for tp, s in previous.items() if s.report.log_dir == str(d)]
+        if not failed:
+            self._count_failures(statuses)
+            statuses = self._settle_failures(statuses)
+            kept = {s.report.topic_partition: s for s in (previous.statuses if previous is not None else [])}
+            for d in busy:  # a dir being cleaned keeps its previous picture until the pass ends
+                statuses += [s for s in kept.values() if s.report.log_dir == str(d)]
         snapshot = ScanSnapshot(
-            now,
+            previous.scanned_at_ms if failed and previous is not None else now,
             statuses,
             self._log_dir_infos(statuses, observer),
             self._controller.staged_bytes() if self._controller else {},
@@ -366,6 +419,28 @@ class Sidecar:
             # not doing its job, whatever the reason).
             self.ready = bool(self.log_dirs)
         return snapshot
+
+    def _count_failures(self, statuses: list[cleaning.PartitionStatus]) -> None:
+        """``scan_failures_total{reason}``: each partition whose look failed in this scan,
+        once, by its first failure (its own status and ``errors`` say what it was)."""
+        for s in statuses:
+            r = s.report
+            error = s.error or self.facts.errors.get(Path(r.log_dir) / r.topic_partition.dir_name)
+            if error is None and s.replica is not None:
+                error = s.replica.probe_error
+            if error is not None:
+                self.metrics.scan_failures.labels(failure_kind(error)).inc()
+
+    def _loop_error(self, step: str, error: Exception) -> None:
+        """An exception the loop goes on after: logged (with its traceback when it is not
+        one of ours: a bug), counted in ``loop_errors_total{step}``, and in ``/status``."""
+        if isinstance(error, (KafkaCleanerError, OSError)) and step != "scan":
+            log.warning("%s failed: %s", step, error)
+        else:  # a whole scan failing is a partition's failure that got out: where from
+            log.exception("%s failed", step)
+        self.metrics.loop_errors.labels(step).inc()
+        what = "scan failed" if step == "scan" else f"the loop's turn failed ({type(error).__name__})"
+        self._error(None, None, f"{what}: {error}", dedupe=True)
 
     def _refresh_observed(self, observer: LogCleanerManager) -> None:
         """Look again at every observed log. Partitions that went away (topic deletion, a
@@ -544,11 +619,20 @@ class Sidecar:
         return str(host), int(port)
 
     def run(self, tick_ms: int = 1_000) -> None:
-        """The loop, until ``stop``; every turn waits ``tick_ms`` on the clock."""
+        """The loop, until ``stop``; every turn waits ``tick_ms`` on the clock. No exception
+        ends it: a turn that raises is logged, counted and reported (``_loop_error``), and
+        the loop waits longer before the next (doubling, at most ``MAX_LOOP_BACKOFF_MS``),
+        so a failure that does not go away is neither a busy loop nor a dead sidecar."""
+        backoff_ms = 0
         try:
             while not self.stopping.is_set():
-                self.tick()
-                self.time.wait(self.stopping, tick_ms)
+                try:
+                    self.tick()
+                    backoff_ms = 0
+                except Exception as e:
+                    self._loop_error("turn", e)
+                    backoff_ms = min(max(backoff_ms, tick_ms) * 2, MAX_LOOP_BACKOFF_MS)
+                self.time.wait(self.stopping, max(backoff_ms, tick_ms))
         except BaseException:
             self._loop_alive = False
             raise
@@ -906,6 +990,10 @@ class _StageController(_Controller):
         """What the last commit (gate or termination) did, per log dir."""
         self._stop = threading.Event()
         self._cleaner: Cleaner | None = None
+        self._policy_changed = threading.Event()
+        """Set while a round runs when the policy file changed (``_watch_policy``): the round
+        stops at once, at its next check or throttle slice, like at SIGTERM."""
+        self._next_watch_ms = 0
 
     def gate_seconds(self) -> int:
         policy = self.sidecar.policy
@@ -919,12 +1007,17 @@ class _StageController(_Controller):
         sc = self.sidecar
         previous, sc.state.state = sc.state.state, "committing"
         reports = []
+        # The policy and the cluster's topic config in force, read again right before each set.
+        check = CommitCheck(sc.options.policy_path, sc.log_dirs, last_good=sc.watcher.policy)
         try:
             for d in sc.log_dirs:
-                report = stage.commit_log_dir(d, sc.time, deadline_ns)
+                report = stage.commit_log_dir(d, sc.time, deadline_ns, wanted=check)
                 reports.append(report)
                 for tp, reason in report.deleted:
                     sc._error(str(d), tp, f"{why}: deleted the staged set: {reason}")
+                for tp, unwanted in report.discarded:
+                    sc.metrics.stage_sets_discarded.labels(unwanted.code).inc()
+                    sc._error(str(d), tp, f"{why}: discarded the staged set, not committed: {unwanted.message}")
                 for tp, message in report.errors:
                     sc._error(str(d), tp, f"{why}: commit failed: {message}")
                 for tp in report.left:
@@ -941,6 +1034,7 @@ class _StageController(_Controller):
         return {
             "committed": sum(len(r.committed) for r in reports),
             "deleted": sum(len(r.deleted) for r in reports),
+            "discarded": sum(len(r.discarded) for r in reports),
             "timedOut": sum(len(r.left) for r in reports),
             "lockHeldByBroker": [r.log_dir for r in reports if not r.locked],
         }
@@ -952,9 +1046,24 @@ class _StageController(_Controller):
         return LogCleanerManager(dirs, sc.policy, sc.time, write_checkpoints=False)
 
     def _check_done(self, tp: TopicPartition) -> None:
-        # Staging runs inside ``tick``: SIGTERM (``stopping``) must abort it, not wait for it.
+        # Staging runs inside ``tick``: SIGTERM (``stopping``) must abort it, not wait for it,
+        # and so must a policy change (the loop polls the file only between turns).
         if self._stop.is_set() or self.sidecar.stopping.is_set():
             raise ThreadShutdownError("the sidecar is stopping")
+        self._watch_policy()
+        if self._policy_changed.is_set():
+            raise ThreadShutdownError("the policy changed")
+
+    def _watch_policy(self) -> None:
+        """While a round runs (between batches and segments, and in every slice of a throttle's
+        sleep), look at the policy file every ``POLICY_POLL_MS`` on the clock; a change sets
+        ``_policy_changed``, which ends the round as SIGTERM does."""
+        sc = self.sidecar
+        now = sc.time.milliseconds()
+        if now >= self._next_watch_ms:
+            self._next_watch_ms = now + POLICY_POLL_MS
+            if sc.watcher.changed():
+                self._policy_changed.set()
 
     def _new_cleaner(self) -> Cleaner:
         sc = self.sidecar
@@ -965,7 +1074,10 @@ class _StageController(_Controller):
             OffsetMap(cfg.dedupe_buffer_per_thread, cfg.dedupe_buffer_load_factor),
             cfg.io_buffer_per_thread // 2,
             1048588,
-            Throttler(cfg.max_io_bytes_per_second, StoppableTime(sc.time, self._stop, sc.stopping)),
+            Throttler(
+                cfg.max_io_bytes_per_second,
+                StoppableTime(sc.time, self._stop, sc.stopping, self._policy_changed, poll=self._watch_policy),
+            ),
             sc.time,
             self._check_done,
         )
@@ -1006,12 +1118,22 @@ class _StageController(_Controller):
             self._cleaner = self._new_cleaner()
         sc.state.state = "staging"
         sc.state.last_run_ms = now
+        self._policy_changed.clear()
+        self._next_watch_ms = 0
         try:
-            staged = stage.stage_partition(self._cleaner, managed, ltc, high_watermark=high_watermark, now_ms=now)
+            staged = stage.stage_partition(
+                self._cleaner, managed, ltc, high_watermark=high_watermark, now_ms=now, min_free_ratio=ratio
+            )
         except ThreadShutdownError:
+            if self._policy_changed.is_set():  # stage_partition removed the round's work
+                self._policy_changed.clear()
+                log.info("staging %s aborted: the policy changed; reloading it", ltc.topic_partition)
+                sc._next_policy_poll_ms = 0  # the next turn of the loop reloads it
             return  # stage_partition removed the round's work
         except stage.StageRefused as e:
             self.refused[key] = str(e)
+            if isinstance(e, stage.DiskFloorReached):
+                sc._error(str(managed.log_dir), str(ltc.topic_partition), str(e))
             return
         except Exception as e:
             sc._error(str(managed.log_dir), str(ltc.topic_partition), f"staging failed: {type(e).__name__}: {e}")
@@ -1069,6 +1191,11 @@ class _StageController(_Controller):
                 if reason is not None:
                     self._delete(key, pdir, reason)
                     continue
+                unwanted = config_unwanted(staged, managed.config) if managed.config is not None else None
+                if unwanted is not None:  # the policy's or the cluster's config changed since
+                    sc.metrics.stage_sets_discarded.labels(unwanted.code).inc()
+                    self._delete(key, pdir, unwanted.message)
+                    continue
                 found[key] = staged
         self.sets = found
 
@@ -1111,7 +1238,9 @@ class _StageController(_Controller):
                         self._delete((d, tp), pdir, why)
             elif sc._policy_gone:
                 pass  # a deleted policy's sets are gone, and nothing is committed
-            elif sc.policy is not None and sc.log_dirs and sc.gate.open and not sc.policy.paused:
+            elif sc.policy is not None and sc.log_dirs and sc.gate.open:
+                # Paused or not: the commit obeys the policy file as it is now (a paused
+                # policy's sets are discarded, never committed).
                 deadline = sc.time.nanoseconds() + self.gate_seconds() * 1_000_000_000
                 self.commit(deadline, "termination")
         except (KafkaCleanerError, OSError) as e:

@@ -23,6 +23,16 @@ The area holds::
                      cleaner checkpoint (the broker's cleaner-offset-checkpoint is never
                      written, so the broker's own cleaner is not confused)
 
+**A round** (``stage_partition``) opens the partition dir once and never creates it: the
+area and ``work/`` are made inside the opened directory, and before every write (each chunk
+of cleaned output, each step of the publication) the paths must still lead to the opened
+directories, and free space must be at or above ``stage.minFreeDiskRatio`` (``fstatvfs`` on
+the handle: the broker keeps appending and cannot see staged bytes). A partition dir Kafka
+renamed away (a topic deletion's ``-delete``, ``-stray``, a move to another log dir) or a
+disk that crossed the floor stops the round (``PartitionMoved``, ``DiskFloorReached``), and
+what it staged is deleted through the handles, from the renamed dir too, touching nothing
+of Kafka's.
+
 **The commit** (``commit_log_dir``) runs only under the log dir's ``.lock`` (so never while
 a broker runs, and a broker that starts meanwhile fails to lock and retries: the lock
 decides, never both). Every set is validated against the directory as it is now
@@ -31,24 +41,32 @@ one is swapped in with the engine's crash-safe ``.cleaned`` -> ``.swap`` -> ``.d
 protocol (``cleaner.storage.staged.swap_in`` -> ``Log.replace_segments``). A crash at any
 point leaves either the old segments, or a committed swap that Kafka's start-up completes.
 The commit is bounded by a deadline: sets not reached in time stay staged (still
-validated at the next commit), none is half-committed.
+validated at the next commit), none is half-committed. Each set is also asked, before the
+lock is taken and again right before its swap, whether the policy and the cluster's topic
+config in force still want it (``wanted``: ``guards.CommitCheck``); one they do not is
+discarded, never committed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import logging
 import os
 import shutil
 import stat
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cleaner.clock import Time
+from cleaner.config import TopicRule
+from cleaner.effective_config import EffectiveRule
 from cleaner.engine.cleaner import Cleaner, LogToClean
 from cleaner.engine.manager import ManagedLog
-from cleaner.errors import KafkaCleanerError, LogDirLockedError, SwapIncompleteError
+from cleaner.errors import KafkaCleanerError, LogDirLockedError, SwapIncompleteError, ThreadShutdownError
 from cleaner.storage import files
 from cleaner.storage.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
@@ -71,6 +89,8 @@ from cleaner.storage.segment import (
 )
 from cleaner.storage.staged import staged_segments, swap_in
 from cleaner.storage.topic_partition import TopicPartition, parse_partition_dir
+
+log = logging.getLogger(__name__)
 
 STAGE_DIR = ".kafka-cleaner-stage"
 SET_DIR = "set"
@@ -134,6 +154,10 @@ class StagedSet:
     source_bytes: int = 0
     staged_bytes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    cleaned_under: dict[str, Any] = field(default_factory=dict)
+    """The topic's effective config the set was cleaned under (``cleaned_under_of``): a commit
+    compares it with the config in force (``RESULT_KEYS``). Empty: not recorded (a set staged
+    by an older version), which no commit trusts."""
 
     def to_json(self) -> bytes:
         data = asdict(self)
@@ -259,49 +283,64 @@ def stage_partition(
     *,
     high_watermark: int,
     now_ms: int,
+    min_free_ratio: float = 0.0,
 ) -> StagedSet | None:
     """Clean ``ltc`` into ``work/``, then publish it as the partition's set. None when the
     round produced nothing or the log changed under it (retention, truncation, a roll).
 
-    Raises ``StageRefused`` when the broker could not open what would be staged (uid)."""
+    The partition dir is opened once and never created (``_Round``). Before every write of
+    cleaned output (each chunk the engine writes, each step here) and at the publication,
+    the partition dir and ``work/`` must still be the ones opened, and free space at or
+    above ``min_free_ratio``; otherwise the round stops (``PartitionMoved``,
+    ``DiskFloorReached``) and everything it staged is deleted through the handles, where
+    it still is (in a renamed dir too), touching nothing of Kafka's.
+
+    Raises ``StageRefused`` when the broker could not open what would be staged (uid), and
+    its ``StageStopped`` subclasses when the round stopped."""
     the_log = managed.log
     pdir = the_log.dir
-    a = area(pdir)
-    work = a / WORK_DIR
-    _rmtree(work)
-    work.mkdir(parents=True)
-    owner = Owner.of(pdir)
-    for d in (a, work):
-        refused = make_usable_by(d, owner)
-        if refused is not None:
-            _rmtree(work)
-            raise StageRefused(refused)
+    rnd = _Round(pdir, min_free_ratio, the_log.segments)
+    outer_check = cleaner.check_done
+
+    def check_done(tp: TopicPartition) -> None:
+        outer_check(tp)
+        rnd.check()
+
     written: list[tuple[LogSegment, list[LogSegment]]] = []
 
     def collect(cleaned: LogSegment, group: list[LogSegment], generation: int) -> None:
         written.append((cleaned, group))
 
-    before = {s.log_path.name: _quick_facts(s.log_path) for s in the_log.segments}
+    cleaner.check_done = check_done
     try:
-        end_offset, _ = cleaner.clean(ltc, commit=collect, cleaned_dir=work)
+        owner = Owner.of(pdir)
+        for fd in (rnd.area_fd, rnd.work_fd):
+            refused = make_usable_by(fd, owner)
+            if refused is not None:
+                raise StageRefused(refused)
+        rnd.check()
+        before = {s.log_path.name: _quick_facts(s.log_path) for s in the_log.segments}
+        end_offset, _ = cleaner.clean(ltc, commit=collect, cleaned_dir=rnd.work)
         if not written:
-            _rmtree(work)
+            rnd.discard()
             return None
         replaced = [s for _, group in written for s in group]
         # The broker must not have changed what the round read (retention, truncation).
         if any(_quick_facts(s.log_path) != before.get(s.log_path.name) for s in replaced):
-            _rmtree(work)
+            rnd.discard()
             return None
         new = sorted((c for c, _ in written), key=lambda s: s.base_offset)
         sizes: dict[str, int] = {}
         for seg in new:
+            rnd.check()
             seg.change_suffix("")
-            for path in sorted(work.iterdir()):
-                if offset_of(path.name) == seg.base_offset:
-                    refused = make_usable_by(path, owner)
+            for name in sorted(os.listdir(rnd.work_fd)):
+                if offset_of(name) == seg.base_offset:
+                    rnd.check()
+                    refused = make_usable_by(rnd.work / name, owner)
                     if refused is not None:
                         raise StageRefused(refused)
-                    sizes[path.name] = path.stat().st_size
+                    sizes[name] = os.stat(name, dir_fd=rnd.work_fd, follow_symlinks=False).st_size
         base = new[0].base_offset
         next_offset = max(s.read_next_offset() for s in new)
         starts = OffsetCheckpointFile(pdir.parent / LOG_START_OFFSET_CHECKPOINT).read()
@@ -327,24 +366,251 @@ def stage_partition(
             created_at_ms=now_ms,
             source_bytes=sum(s.size for s in replaced),
             staged_bytes=sum(sizes.values()),
+            cleaned_under=cleaned_under_of(managed.rule, managed.config),
         )
         if any((src.size, src.mtime_ns, src.inode) != before.get(src.name) for src in staged.sources):
-            _rmtree(work)
+            rnd.discard()
             return None
-        files.atomic_write(work / MANIFEST, staged.to_json())
-        make_usable_by(work / MANIFEST, owner)
-        files.fsync_dir(work)
-        _rmtree(a / SET_DIR)
-        files.rename(work, a / SET_DIR)
-        files.fsync_dir(a)
+        # What was read above (checkpoints, sources, epochs) came from this partition dir
+        # only if it is still the one opened.
+        rnd.check()
+        files.atomic_write(rnd.work / MANIFEST, staged.to_json())
+        rnd.check()
+        make_usable_by(rnd.work / MANIFEST, owner)
+        rnd.publish()
         return staged
-    except BaseException:
-        _rmtree(work)
-        raise
+    except BaseException as e:
+        stopped = rnd.stopped(e)
+        if stopped is e:
+            raise
+        raise stopped from e
+    finally:
+        cleaner.check_done = outer_check
+        rnd.close()
 
 
 class StageRefused(KafkaCleanerError):
     """Staging this partition would leave something the broker cannot use."""
+
+
+class StageStopped(StageRefused):
+    """A round stopped before its set was published; everything it staged was deleted."""
+
+
+class PartitionMoved(StageStopped):
+    """The partition dir was renamed away or replaced under the round: a topic deletion
+    (``<dir>.<id>-delete``), a stray replica at a KRaft broker's start (``-stray``), a move
+    to another log dir (the ``-future`` copy replaces it), a re-created topic."""
+
+
+class DiskFloorReached(StageStopped):
+    """Free space fell below ``stage.minFreeDiskRatio`` while the round wrote (the broker
+    keeps appending, and cannot see what is staged)."""
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
+"""A path that no longer leads to a directory (``O_NOFOLLOW``: a symlink put in its place)."""
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _ignore_missing(func: Any, path: str, exc_info: Any) -> None:
+    if not isinstance(exc_info[1], FileNotFoundError):
+        raise exc_info[1]
+
+
+def _rmtree_at(dir_fd: int, name: str) -> None:
+    """Remove ``name`` (a file or a tree) in the directory ``dir_fd``, never through a path
+    a rename could lead elsewhere. What is already gone is no error."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, onerror=_ignore_missing, dir_fd=dir_fd)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dir_fd)
+
+
+class _Round:
+    """The directories of one staging round, opened once.
+
+    The partition dir is opened (``O_DIRECTORY``), never created: the stage area and a
+    fresh ``work/`` are made relative to that handle, so a partition dir Kafka renamed away
+    (a topic deletion, a stray, a log dir move) is never brought back under its old name.
+    The engine writes ``work/`` through its path (``work``): under a renamed partition dir
+    that path leads nowhere and nothing is created there (no parent is ever made), and
+    ``check`` compares, before every write, what the paths lead to with the handles (and
+    free space with the floor: ``fstatvfs`` on the handle). ``discard`` deletes the round's
+    output through the handles: in a renamed partition dir what the round wrote is still
+    reached and removed, and nothing else there is touched."""
+
+    def __init__(self, pdir: Path, min_free_ratio: float, segments: list[LogSegment]) -> None:
+        self.pdir = pdir
+        self.work = area(pdir) / WORK_DIR
+        self.min_free_ratio = min_free_ratio
+        self.pdir_fd = self.area_fd = self.work_fd = -1
+        self.area_created = False
+        try:
+            self.pdir_fd = os.open(pdir, _DIR_FLAGS)
+        except OSError as e:
+            if e.errno in _GONE:
+                raise self._moved("is gone") from e
+            raise
+        self._pdir_id = _identity(os.fstat(self.pdir_fd))
+        self._work_id = (-1, -1)
+        try:
+            self._check_path(pdir, self._pdir_id)
+            self._check_segments(segments)
+            try:
+                os.mkdir(STAGE_DIR, dir_fd=self.pdir_fd)
+                self.area_created = True
+            except FileExistsError:
+                pass
+            self.area_fd = os.open(STAGE_DIR, _DIR_FLAGS, dir_fd=self.pdir_fd)
+            _rmtree_at(self.area_fd, WORK_DIR)
+            os.mkdir(WORK_DIR, dir_fd=self.area_fd)
+            self.work_fd = os.open(WORK_DIR, _DIR_FLAGS, dir_fd=self.area_fd)
+            self._work_id = _identity(os.fstat(self.work_fd))
+            self._check_path(self.work, self._work_id)
+        except BaseException as e:
+            try:
+                stopped = self.stopped(e)
+            finally:
+                self.close()
+            if stopped is e:
+                raise
+            raise stopped from e
+
+    def _check_segments(self, segments: list[LogSegment]) -> None:
+        """The opened dir must hold the segments of the log the round will read, at least
+        as long as when they were read (a segment only grows until retention or a truncation
+        removes it): else it is not that log's dir any more (the topic deleted and created
+        again, a replica removed and fetched anew) or the log changed, and the round does
+        not begin."""
+        for seg in segments:
+            known = seg._size  # as read when the round was planned (None: never read, nothing to compare)
+            if known is None:
+                continue
+            try:
+                size = os.stat(seg.log_path.name, dir_fd=self.pdir_fd, follow_symlinks=False).st_size
+            except FileNotFoundError:
+                size = -1
+            if size < known:
+                raise StageStopped(
+                    f"the partition dir {self.pdir.name} no longer holds the log read a moment ago (segment "
+                    f"{seg.base_offset} is {'gone' if size < 0 else 'shorter'}): Kafka replaced the directory (a "
+                    "re-created topic) or changed the log (retention, a truncation); the round did not begin"
+                )
+
+    def _moved(self, how: str) -> PartitionMoved:
+        return PartitionMoved(
+            f"the partition dir {self.pdir.name} {how}: Kafka renamed it away or replaced it (a topic deletion, a "
+            "reassignment, a move to another log dir); the round stopped, nothing more is written there, and what it "
+            "had staged was deleted"
+        )
+
+    def _check_path(self, path: Path, identity: tuple[int, int]) -> None:
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError as e:
+            if e.errno in _GONE:
+                raise self._moved("is gone") from e
+            raise
+        if _identity(st) != identity:
+            raise self._moved("is another directory now")
+
+    def check(self) -> None:
+        """Before a write: the partition dir and ``work/`` are still the ones opened, and
+        free space is at or above the floor. Raises ``PartitionMoved``, ``DiskFloorReached``."""
+        self._check_path(self.pdir, self._pdir_id)
+        self._check_path(self.work, self._work_id)
+        if self.min_free_ratio > 0:
+            st = os.fstatvfs(self.pdir_fd)
+            total = st.f_blocks * st.f_frsize
+            free = st.f_bavail * st.f_frsize
+            if total > 0 and free < self.min_free_ratio * total:
+                raise self._disk_floor(free / total)
+
+    def _disk_floor(self, free_ratio: float | None) -> DiskFloorReached:
+        fell = f"fell to {free_ratio:.1%}" if free_ratio is not None else "ran out"
+        return DiskFloorReached(
+            f"the round stopped at {self.staged_bytes()} bytes staged: free disk {fell}, below "
+            f"stage.minFreeDiskRatio ({self.min_free_ratio:.0%}); what it staged was deleted"
+        )
+
+    def staged_bytes(self) -> int:
+        """The disk space the round's output takes now (allocated blocks: an index is
+        sparse while it is written)."""
+        if self.work_fd < 0:
+            return 0
+        total = 0
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.work_fd):
+                with contextlib.suppress(FileNotFoundError):
+                    total += os.stat(name, dir_fd=self.work_fd, follow_symlinks=False).st_blocks * 512
+        return total
+
+    def publish(self) -> None:
+        """``work/`` becomes the partition's set (renamed through the area's handle, after
+        a last check); a partition dir renamed in that very instant takes the set with it,
+        and the set is deleted there."""
+        os.fsync(self.work_fd)
+        self.check()
+        _rmtree_at(self.area_fd, SET_DIR)
+        os.rename(WORK_DIR, SET_DIR, src_dir_fd=self.area_fd, dst_dir_fd=self.area_fd)
+        os.fsync(self.area_fd)
+        try:
+            self._check_path(self.pdir, self._pdir_id)
+        except PartitionMoved:
+            _rmtree_at(self.area_fd, SET_DIR)
+            raise
+
+    def moved(self) -> bool:
+        try:
+            self._check_path(self.pdir, self._pdir_id)
+        except PartitionMoved:
+            return True
+        return False
+
+    def discard(self) -> None:
+        """Delete the round's output (``work/``) through the handles; in a partition dir
+        that moved, also the stage area when this round created it (and it is empty)."""
+        if self.area_fd < 0:
+            return
+        _rmtree_at(self.area_fd, WORK_DIR)
+        with contextlib.suppress(OSError):
+            os.fsync(self.area_fd)
+        if self.area_created and self.moved():
+            with contextlib.suppress(OSError):
+                os.rmdir(STAGE_DIR, dir_fd=self.pdir_fd)
+
+    def stopped(self, e: BaseException) -> BaseException:
+        """Delete the round's output after ``e`` ended the round, and say what to raise: a
+        partition dir that moved explains any failure (a path that led nowhere), a disk
+        that filled under a floor is the floor."""
+        out: BaseException = e
+        failed = isinstance(e, (OSError, KafkaCleanerError)) and not isinstance(e, (StageStopped, ThreadShutdownError))
+        if failed and self.pdir_fd >= 0 and self.moved():
+            out = self._moved("moved during the round")
+        elif isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) and self.min_free_ratio > 0:
+            out = self._disk_floor(None)
+        try:
+            self.discard()
+        except OSError as cleanup:
+            log.warning("%s: could not delete the stopped round's output: %s", self.pdir, cleanup)
+        return out
+
+    def close(self) -> None:
+        for name in ("work_fd", "area_fd", "pdir_fd"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
 
 
 def _quick_facts(path: Path) -> tuple[int, int, int] | None:
@@ -362,6 +628,40 @@ def _epochs_below(partition_dir: Path, next_offset: int) -> list[tuple[int, int]
 
 
 # -- validation and the commit ----------------------------------------------------------------
+
+
+RESULT_KEYS = ("delete.retention.ms", "min.compaction.lag.ms")
+"""Effective topic configs that change what a clean produces (when tombstones and markers go,
+which records are old enough to compact): a set cleaned under other values than those in
+force at commit time is not committed. ``min.cleanable.dirty.ratio`` and
+``max.compaction.lag.ms`` only decide *when* a clean runs; the segment shape is in
+``log_config``, which the commit uses as staged."""
+
+
+def cleaned_under_of(rule: TopicRule, config: EffectiveRule | None) -> dict[str, Any]:
+    """What a set records of the effective config it is cleaned under (``rule`` is the
+    effective rule: the policy's merged with the cluster's, ``cleaner.effective_config``)."""
+    return {
+        "cleanup.policy": str(rule.cleanup_policy),
+        "delete.retention.ms": rule.delete_retention_ms,
+        "min.compaction.lag.ms": rule.min_compaction_lag_ms,
+        "clusterConfig": bool(config is not None and config.cluster_known),
+    }
+
+
+@dataclass(frozen=True)
+class Unwanted:
+    """Why the policy or the cluster's topic config in force no longer wants a staged set."""
+
+    code: str
+    """A short name for the metric's ``reason`` label (``policyGone``, ``notStageMode``,
+    ``paused``, ``noRule``, ``notCompacted``, ``brokerCompacts``, ``tiered``,
+    ``configChanged``, ``notRecorded``)."""
+    message: str
+
+
+WantedCheck = Callable[[TopicPartition, "StagedSet"], "Unwanted | None"]
+"""Asked right before each set is committed: None to commit it, else why to discard it."""
 
 
 def validate(staged: StagedSet, partition_dir: Path) -> str | None:
@@ -455,6 +755,8 @@ class CommitReport:
     """(partition, bytes reclaimed)."""
     deleted: list[tuple[str, str]] = field(default_factory=list)
     """(partition, why the set was stale)."""
+    discarded: list[tuple[str, Unwanted]] = field(default_factory=list)
+    """(partition, why the policy or the cluster's config in force no longer wants it)."""
     left: list[str] = field(default_factory=list)
     """Partitions whose valid sets were not reached before the deadline (still staged)."""
     errors: list[tuple[str, str]] = field(default_factory=list)
@@ -466,16 +768,27 @@ class CommitReport:
             "committed": [p for p, _ in self.committed],
             "bytesReclaimed": sum(b for _, b in self.committed),
             "deleted": [{"partition": p, "reason": r} for p, r in self.deleted],
+            "discarded": [{"partition": p, "reason": u.message, "code": u.code} for p, u in self.discarded],
             "timedOut": list(self.left),
             "errors": [{"partition": p, "message": m} for p, m in self.errors],
         }
 
 
-def commit_log_dir(log_dir: Path, time: Time, deadline_ns: int) -> CommitReport:
+def commit_log_dir(log_dir: Path, time: Time, deadline_ns: int, *, wanted: WantedCheck) -> CommitReport:
     """The fenced commit of every staged set in ``log_dir`` (see the module docstring).
-    Takes no lock when nothing is staged. ``deadline_ns`` is on ``time.nanoseconds()``."""
+    Takes no lock when nothing is staged. ``deadline_ns`` is on ``time.nanoseconds()``.
+
+    ``wanted`` (``guards.CommitCheck``: the policy file and the cluster's topic config as they
+    are now) is asked for each set first without the lock, and again right before the set is
+    committed: a set it no longer wants is discarded (deleting a set is always safe, the
+    broker never read it), never committed."""
     report = CommitReport(str(log_dir))
     staged = staged_partitions(log_dir)
+    for tp, pdir in staged.items():  # no deadline: a read of the policy and metadata per set
+        s = load(pdir)
+        why = wanted(tp, s) if s is not None else None
+        if why is not None:
+            _discard(report, tp, pdir, why)
     if not any((area(p) / SET_DIR).exists() or (area(p) / WORK_DIR).exists() for p in staged.values()):
         return report
     lock = LogDirLock(log_dir)
@@ -504,6 +817,10 @@ def commit_log_dir(log_dir: Path, time: Time, deadline_ns: int) -> CommitReport:
                     delete_set(pdir)
                     report.deleted.append((str(tp), reason))
                     continue
+                why = wanted(tp, s)  # the policy in force at this very moment
+                if why is not None:
+                    _discard(report, tp, pdir, why)
+                    continue
                 commit_set(s, pdir)
                 report.committed.append((str(tp), max(s.source_bytes - s.staged_bytes, 0)))
             except (KafkaCleanerError, OSError) as e:
@@ -511,6 +828,12 @@ def commit_log_dir(log_dir: Path, time: Time, deadline_ns: int) -> CommitReport:
     finally:
         lock.release()
     return report
+
+
+def _discard(report: CommitReport, tp: TopicPartition, pdir: Path, why: Unwanted) -> None:
+    delete_set(pdir)
+    report.discarded.append((str(tp), why))
+    log.warning("%s: discarded the staged set, not committed: %s", pdir, why.message)
 
 
 def _disk(path: Path) -> tuple[int, int]:

@@ -4,7 +4,9 @@
   stage mode refuses it. Read-only.
 - ``commit``: the sidecar's fenced commit (``stage.commit_log_dir``), for a broker run
   without Kubernetes (e.g. systemd's ``ExecStartPre`` of the broker unit). Exit 4 when a
-  broker holds a log dir's ``.lock``.
+  broker holds a log dir's ``.lock``. Like the sidecar's, it obeys the policy (``--policy``)
+  and the cluster's topic config as they are right before each set (``guards.CommitCheck``):
+  a set they no longer want is discarded, not committed.
 - ``discard``: delete everything kafka-cleaner keeps in the partition dirs (what deleting a
   stage-mode policy does). Safe next to a running broker: it never reads the stage areas.
 
@@ -25,7 +27,7 @@ from cleaner.output import binary_bytes
 from cleaner.storage.log_dir import LogDirectory, is_kafka_log_dir
 
 from . import stage
-from .guards import stage_report
+from .guards import CommitCheck, stage_report
 
 
 def _log_dirs_or_exit(paths: tuple[Path, ...]) -> list[Path]:
@@ -66,22 +68,35 @@ def status_command(log_dirs: tuple[Path, ...], policy_path: Path, as_json: bool)
 @stage_group.command("commit")
 @click.argument("log_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
+    "--policy",
+    "policy_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The policy in force (the sidecar's): read again right before each set; a set it no longer "
+    "stages is discarded.",
+)
+@click.option(
     "--max-seconds",
     type=click.IntRange(min=0),
     default=60,
     show_default=True,
     help="Sets not reached by then stay staged.",
 )
-def commit_command(log_dirs: tuple[Path, ...], max_seconds: int) -> None:
+def commit_command(log_dirs: tuple[Path, ...], policy_path: Path, max_seconds: int) -> None:
     """Commit every valid staged set under the log dir's .lock (the broker must be stopped;
-    a stale set is deleted). Exit 4 if a broker holds a log dir."""
+    a stale set is deleted, and so is a set the policy or the cluster's topic config in force
+    no longer wants). Exit 4 if a broker holds a log dir."""
+    policy = load_policy_or_exit(policy_path)
     dirs = _log_dirs_or_exit(log_dirs)
     deadline = SYSTEM_TIME.nanoseconds() + max_seconds * 1_000_000_000
+    # Every dir given: the cluster's metadata log is in one of them (``metadata.log.dir``).
+    check = CommitCheck(policy_path, dirs, last_good=policy)
     code = EXIT_OK
     for d in dirs:
         # Asked first, whether or not a set is staged there: a broker running is what the
         # person (or the broker unit's ExecStartPre) needs to know.
-        report = None if LogDirectory(d).is_locked_by_broker() else stage.commit_log_dir(d, SYSTEM_TIME, deadline)
+        locked = LogDirectory(d).is_locked_by_broker()
+        report = None if locked else stage.commit_log_dir(d, SYSTEM_TIME, deadline, wanted=check)
         if report is None or not report.locked:
             click.echo(
                 f"kafka-cleaner: a broker holds {d}/.lock: nothing committed there (commit needs the broker stopped)",
@@ -91,6 +106,8 @@ def commit_command(log_dirs: tuple[Path, ...], max_seconds: int) -> None:
             continue
         for tp, why in report.deleted:
             click.echo(f"{tp}: stale set deleted: {why}")
+        for tp, unwanted in report.discarded:
+            click.echo(f"{tp}: set discarded: {unwanted.message}")
         for tp, message in report.errors:
             click.echo(f"{tp}: commit failed: {message}", err=True)
         for tp in report.left:
@@ -98,7 +115,8 @@ def commit_command(log_dirs: tuple[Path, ...], max_seconds: int) -> None:
         reclaimed = sum(b for _, b in report.committed)
         click.echo(
             f"{d}: committed {len(report.committed)} set(s), {binary_bytes(reclaimed)} reclaimed; "
-            f"deleted {len(report.deleted)} stale set(s)"
+            f"deleted {len(report.deleted)} stale set(s); discarded {len(report.discarded)} the policy or the "
+            "cluster's topic config no longer wants"
         )
     sys.exit(code)
 

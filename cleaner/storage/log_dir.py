@@ -112,5 +112,8 @@ def is_kafka_log_dir(path: str | os.PathLike[str]) -> bool:
 
 
 def _has_segment_file(partition_dir: str) -> bool:
-    with os.scandir(partition_dir) as it:
-        return any(LOG_SUFFIX in e.name and e.is_file(follow_symlinks=False) for e in it)
+    try:
+        with os.scandir(partition_dir) as it:
+            return any(LOG_SUFFIX in e.name and e.is_file(follow_symlinks=False) for e in it)
+    except (FileNotFoundError, NotADirectoryError):
+        return False  # renamed away since the listing (a topic deletion's -delete, a move)

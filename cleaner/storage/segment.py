@@ -21,7 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from cleaner.errors import CorruptDataError, CorruptIndexError, CorruptRecordError, LogSegmentOffsetOverflowError
+from cleaner.errors import (
+    CorruptDataError,
+    CorruptIndexError,
+    CorruptRecordError,
+    FileChangedError,
+    LogSegmentOffsetOverflowError,
+)
 from cleaner.records.batch import INT32_MAX, NO_TIMESTAMP
 from cleaner.records.scan import Batches, ScanResult, scan_batches
 from cleaner.storage import files, page_cache
@@ -110,6 +116,8 @@ def _tail_entry(path: Path, entry_size: int, dtype: str) -> np.void | None:
             data = os.pread(f.fileno(), entry_size, (entries - 1) * entry_size)
     except FileNotFoundError:
         return None
+    if len(data) < entry_size:  # trimmed since the fstat (a live broker's roll)
+        raise FileChangedError(path, f"{entries * entry_size} bytes at first, {len(data)} of the last entry later")
     return np.frombuffer(data, dtype=np.dtype(dtype))[0]
 
 

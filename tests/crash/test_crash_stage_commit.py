@@ -21,6 +21,7 @@ from test_crash_swap import NOW_MS, log_dir
 
 from cleaner.clock import MockTime
 from cleaner.sidecar import stage
+from cleaner.sidecar.guards import CommitCheck
 from cleaner.sidecar.service import Sidecar, SidecarOptions
 
 POLICY = """\
@@ -63,8 +64,10 @@ def test_every_crash_of_the_stage_commit_leaves_the_old_log_or_the_new(tmp_path:
     clock = MockTime(NOW_MS)
     report: list[stage.CommitReport] = []
 
+    wanted = CommitCheck(tmp_path / "policy.yaml", [root])  # the policy in force, as the sidecar's commit
+
     def commit() -> None:
-        report.append(stage.commit_log_dir(root, clock, deadline_ns=clock.nanoseconds() + 10**12))
+        report.append(stage.commit_log_dir(root, clock, deadline_ns=clock.nanoseconds() + 10**12, wanted=wanted))
 
     failures, recording = check_log_operation(root, ["t-0"], commit)
     assert report and report[0].committed and not report[0].errors, report

@@ -54,7 +54,7 @@ def test_status_on_a_relative_path_lists_each_staged_set_once(
 
 def test_after_a_commit_status_shows_the_committed_range_clean(tmp_path: Path, make_log_dir) -> None:
     data, policy = _staged(tmp_path, make_log_dir)
-    committed = CliRunner().invoke(main, ["stage", "commit", str(data)])
+    committed = CliRunner().invoke(main, ["stage", "commit", str(data), "--policy", str(policy)])
     assert committed.exit_code == 0 and "committed 2 set(s)" in committed.output, committed.output
     code, out = _status(data, "--policy", policy, "--json")
     assert code == 0, out
@@ -69,11 +69,12 @@ def test_after_a_commit_status_shows_the_committed_range_clean(tmp_path: Path, m
 
 def test_stage_commit_next_to_a_live_broker_exits_4_even_with_nothing_staged(tmp_path: Path, make_log_dir) -> None:
     data = make_log_dir(topics=1, partitions=1, records=500)
+    policy = write_policy(tmp_path / "policy.yaml", mode="stage", topics=TOPICS)
     with BrokerLock(data):
-        result = CliRunner().invoke(main, ["stage", "commit", str(data)])
+        result = CliRunner().invoke(main, ["stage", "commit", str(data), "--policy", str(policy)])
     assert result.exit_code == 4, result.output
     assert f"a broker holds {data}/.lock: nothing committed there" in result.output
-    stopped = CliRunner().invoke(main, ["stage", "commit", str(data), str(data)])
+    stopped = CliRunner().invoke(main, ["stage", "commit", str(data), str(data), "--policy", str(policy)])
     assert stopped.exit_code == 0 and stopped.output.count("committed 0 set(s)") == 1, stopped.output
 
 

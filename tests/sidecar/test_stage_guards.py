@@ -225,9 +225,9 @@ def test_the_stage_cli_commits_discards_and_reports(tmp_path: Path, make_log_dir
         assert out.returncode == 0, out.stderr
         assert "stage: topic-0-2: refused (the broker compacts this partition itself" in out.stdout, out.stdout
         assert "stage: topic-0-0: staged" in out.stdout
-        out = cli("commit", str(data))
+        out = cli("commit", str(data), "--policy", str(policy))
         assert out.returncode == 4 and "holds" in out.stderr, (out.returncode, out.stdout, out.stderr)
-    out = cli("commit", str(data), "--max-seconds", "30")
+    out = cli("commit", str(data), "--policy", str(policy), "--max-seconds", "30")
     assert out.returncode == 0, out.stderr
     assert "committed 2" in out.stdout
     assert all(stage.load(data / p) is None for p in _areas(data))
@@ -242,7 +242,7 @@ def test_the_stage_cli_commits_discards_and_reports(tmp_path: Path, make_log_dir
         assert _areas(data) == set()
     not_a_log_dir = tmp_path / "etc"
     (not_a_log_dir / "dbus-1").mkdir(parents=True)
-    out = cli("commit", str(not_a_log_dir))
+    out = cli("commit", str(not_a_log_dir), "--policy", str(policy))
     assert out.returncode == 2 and "not a Kafka log dir" in out.stderr
     assert sorted(os.listdir(not_a_log_dir)) == ["dbus-1"]
 

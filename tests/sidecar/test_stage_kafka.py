@@ -273,7 +273,7 @@ def test_sigkill_while_staging_and_while_committing(tmp_path: Path, line: str) -
         offsets = broker.offsets(TOPIC, PARTITIONS)
         broker.stop()
         proc = subprocess.Popen(
-            [str(KAFKA_CLEANER), "stage", "commit", str(broker.log_dir)],
+            [str(KAFKA_CLEANER), "stage", "commit", str(broker.log_dir), "--policy", str(policy)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -296,7 +296,10 @@ def test_a_broker_start_raced_with_a_commit_the_lock_decides(tmp_path: Path, lin
     broker.start()
     _stage_while_serving(_sidecar(tmp_path, broker), broker, work)
     out = subprocess.run(
-        [str(KAFKA_CLEANER), "stage", "commit", str(broker.log_dir)], capture_output=True, text=True, timeout=120
+        [str(KAFKA_CLEANER), "stage", "commit", str(broker.log_dir), "--policy", str(tmp_path / "policy.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 4 and len(_sets(broker)) == PARTITIONS, (out.stdout, out.stderr)
     # And raced, at random-ish moments: whoever locks first wins, never both.
@@ -306,7 +309,7 @@ def test_a_broker_start_raced_with_a_commit_the_lock_decides(tmp_path: Path, lin
         offsets = broker.offsets(TOPIC, PARTITIONS)
         broker.stop()
         commit = subprocess.Popen(
-            [str(KAFKA_CLEANER), "stage", "commit", str(broker.log_dir)],
+            [str(KAFKA_CLEANER), "stage", "commit", str(broker.log_dir), "--policy", str(tmp_path / "policy.yaml")],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
