@@ -415,6 +415,26 @@ def test_resource_names_do_not_repeat_the_release(helm_template: Render) -> None
         assert deployment["metadata"]["name"] == name, release
 
 
+def test_the_chart_readme_network_policy_lets_in_what_it_names(helm_template: Render) -> None:
+    """The README's networkPolicy block lets in the broker namespaces and pods and the
+    Prometheus peers it names (issue 27 item 2: every YAML block of the docs is run)."""
+    text = (CHART / "README.md").read_text()
+    [block] = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "networkPolicy:" in b]
+    values = yaml.safe_load(block)
+    objects = helm_template(values)
+    [policy] = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    network = values["networkPolicy"]
+    assert policy["metadata"]["namespace"] == "kafka" and network["brokerNamespaces"] == ["kafka"]
+    assert policy["spec"]["podSelector"] == network["brokerPodSelector"]  # the broker pods, nothing else
+    peers = [peer for rule in policy["spec"]["ingress"] for peer in rule.get("from", [])]
+    assert network["prometheusPeers"][0] in peers, peers
+    operator = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "default"}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kafka-cleaner-operator",
+                                                "app.kubernetes.io/instance": "kco"}}}
+    assert operator in peers, peers
+    assert {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]} == {9410}
+
+
 def test_two_operators_never_run_side_by_side(helm_template: Render) -> None:
     """Without leader election nothing stops two operators acting at once, so an upgrade must
     not overlap the old pod and the new one (a RollingUpdate would); with a Lease the new pod
