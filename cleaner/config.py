@@ -45,6 +45,7 @@ import contextvars
 import dataclasses
 import difflib
 import enum
+import fractions
 import functools
 import math
 import os
@@ -520,11 +521,32 @@ class _Map(_Kind):
         return _without_none(type="object", maxProperties=self.max_properties)
 
 
-#: Kubernetes' resource.Quantity syntax (``500m``, ``256Mi``, ``1.5``, ``1e3``).
+#: Kubernetes' resource.Quantity syntax (``500m``, ``256Mi``, ``1.5``, ``1e3``), without a minus
+#: sign: a container's requests and limits must not be negative (the API server refuses the pod).
 QUANTITY_PATTERN = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
+_BINARY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL_SUFFIXES = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
+
+def parse_quantity(value: str | int) -> fractions.Fraction:
+    """The exact value of a Kubernetes quantity (``250m`` is 1/4, ``1Ki`` 1024, ``1e3`` 1000),
+    for comparisons such as requests against limits. Raises ValueError on anything else."""
+    text = str(value).strip()
+    match = re.fullmatch(r"([+-]?(?:(?:[0-9]+(?:\.[0-9]*)?)|(?:\.[0-9]+)))(.*)", text)
+    if match is None:
+        raise ValueError(f"not a quantity: {value!r}")
+    number, suffix = fractions.Fraction(match.group(1)), match.group(2)
+    if suffix in _BINARY_SUFFIXES:
+        return number * _BINARY_SUFFIXES[suffix]
+    if suffix in _DECIMAL_SUFFIXES:
+        return number * fractions.Fraction(10) ** _DECIMAL_SUFFIXES[suffix]
+    exponent = re.fullmatch(r"[eE]([+-]?(?:(?:[0-9]+(?:\.[0-9]*)?)|(?:\.[0-9]+)))", suffix)
+    if exponent is None or not float(exponent.group(1)).is_integer():
+        raise ValueError(f"not a quantity: {value!r}")
+    return number * fractions.Fraction(10) ** int(float(exponent.group(1)))
 
 
 @dataclass(frozen=True)
@@ -536,7 +558,8 @@ class _Quantity(_Kind):
             return str(value)
         if isinstance(value, str) and re.fullmatch(QUANTITY_PATTERN, value):
             return value
-        raise PolicyError(path, f"must be a Kubernetes quantity such as 500m, 256Mi or 2, got {_describe(value)}")
+        raise PolicyError(path, f"must be a Kubernetes quantity such as 500m, 256Mi or 2 (not negative), got "
+                          f"{_describe(value)}")
 
     def openapi(self) -> dict[str, Any]:
         return {"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}
@@ -828,8 +851,54 @@ DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 
 _OBJECT_NAME = _Str(max_length=253, pattern=DNS1123_SUBDOMAIN, what="a Kubernetes object name (DNS-1123 subdomain)")
-_VOLUME_NAME = _Str(max_length=63, pattern=DNS1123_LABEL, what="a pod volume name (DNS-1123 label)")
-_MOUNT_PATH = _Str(max_length=1024, pattern=r"^/.+$", what="an absolute path other than /")
+#: What the operator itself puts into the sidecar container (operator/injection.py): the policy
+#: ConfigMap's volume, mounted at the policy dir and (to keep the pod's ServiceAccount token
+#: out) at the token dir; and where the image keeps the program. A data volume of that name, or
+#: mounted at, under or above one of those paths, makes a pod the API server refuses (the same
+#: mount path twice) or a sidecar that cannot start (a mount inside a read-only ConfigMap
+#: mount, the program hidden): the CRD's CEL rules and the model refuse such a policy.
+SIDECAR_POLICY_VOLUME = "kafka-cleaner-policy"
+SIDECAR_POLICY_DIR = "/etc/kafka-cleaner"
+SIDECAR_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+SIDECAR_PROGRAM_DIR = "/opt/kafka-cleaner"
+RESERVED_MOUNT_PATHS = (SIDECAR_POLICY_DIR, SIDECAR_PROGRAM_DIR, SIDECAR_TOKEN_DIR)
+#: An absolute path in its normal form (no ``//``, ``.`` or ``..`` component, no trailing
+#: ``/``), so that equal paths are equal strings, for the API server's uniqueness check of
+#: mount paths and for the rules below.
+MOUNT_PATH_PATTERN = r"^(/([^/.][^/]*|[.][^/.][^/]*|[.][.][^/]+))+$"
+
+
+@dataclass(frozen=True)
+class _DataVolumeNameKind(_Str):
+    """A pod volume name other than the sidecar's own (mirrors a CEL rule)."""
+
+    def parse(self, value: object, path: str) -> str:
+        text = super().parse(value, path)
+        # CEL: self != 'kafka-cleaner-policy'
+        if text == SIDECAR_POLICY_VOLUME:
+            raise PolicyError(path, f"{text!r} is the sidecar's own policy volume, not a data volume")
+        return text
+
+
+@dataclass(frozen=True)
+class _MountPathKind(_Str):
+    """Where the sidecar mounts a data volume: a normalised absolute path, not at, under or
+    above one of :data:`RESERVED_MOUNT_PATHS` (mirrors a CEL rule)."""
+
+    def parse(self, value: object, path: str) -> str:
+        text = super().parse(value, path)
+        # CEL: for each reserved r: self != r && !self.startsWith(r + '/') && !r.startsWith(self + '/')
+        for reserved in RESERVED_MOUNT_PATHS:
+            if text == reserved or text.startswith(reserved + "/") or reserved.startswith(text + "/"):
+                raise PolicyError(path, f"{text!r} is, contains or lies inside {reserved}, which the sidecar "
+                                  f"needs for itself (reserved: {', '.join(RESERVED_MOUNT_PATHS)})")
+        return text
+
+
+_VOLUME_NAME = _DataVolumeNameKind(max_length=63, pattern=DNS1123_LABEL, what="a pod volume name (DNS-1123 label)")
+_MOUNT_PATH = _MountPathKind(max_length=1024, pattern=MOUNT_PATH_PATTERN,
+                             what="an absolute path other than /, without '//', '.' or '..' components or a "
+                                  "trailing '/'")
 _LOG_DIRS = _List(_RelativePathKind(min_length=1, max_length=255), min_items=1, max_items=16, unique=True)
 _LABEL_VALUE = _Str(max_length=63, pattern=LABEL_VALUE, what="a label value")
 
@@ -923,6 +992,16 @@ class Target(_Model):
                     f"entry {index} ({volume.name} at {volume.mount_path}) repeats dataVolume or mountPath: "
                     "each data volume once, each at its own path",
                 )
+        # CEL on additionalDataVolumes: self.all(v, self.exists_one(w, w.mountPath == v.mountPath))
+        seen: dict[str, int] = {}
+        for index, volume in enumerate(self.additional_data_volumes):
+            if volume.mount_path in seen:
+                raise PolicyError(
+                    f"{path}.additionalDataVolumes",
+                    f"entries {seen[volume.mount_path]} and {index} are both mounted at {volume.mount_path}: each "
+                    "data volume at its own path (a pod mounting two volumes at one path is refused)",
+                )
+            seen[volume.mount_path] = index
         # CEL: !has(self.injection) || self.injection != 'statefulSet' || has(self.statefulSet)
         if self.injection is Injection.STATEFUL_SET and self.stateful_set is None:
             raise PolicyError(
@@ -941,6 +1020,17 @@ class ResourceRequirements(_Model):
 
     limits: FrozenMap[str] = _field("limits", _QUANTITIES, FrozenMap(), omit_empty=True)
     requests: FrozenMap[str] = _field("requests", _QUANTITIES, FrozenMap(), omit_empty=True)
+
+    def _check(self, path: str) -> None:
+        # Not a CEL rule: CEL's quantity() is not available to new CRDs on Kubernetes 1.28,
+        # which the chart supports. The operator parses every policy before it injects (the
+        # webhook skips an invalid one, a round reports InvalidSpec), so such a policy never
+        # yields a pod the API server refuses (a request above its limit).
+        for name, request in self.requests.items():
+            limit = self.limits.get(name)
+            if limit is not None and parse_quantity(request) > parse_quantity(limit):
+                raise PolicyError(f"{path}.requests.{name}", f"{request} is above the limit {limit}: the API server "
+                                  "refuses a container whose request exceeds its limit")
 
 
 _CAPABILITY_LIST = _List(_Str(max_length=64), max_items=64)

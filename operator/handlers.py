@@ -46,6 +46,7 @@ from compaction_operator.injection import (
     build_sidecar,
     configmap_name,
     find_sidecar,
+    grace_period_warning,
     inject_into_pod,
     label_selector_string,
     missing_data_volumes,
@@ -59,12 +60,16 @@ from compaction_operator.kube import GROUP, PLURAL, VERSION, ApiException, Kube,
 from compaction_operator.rollout import (
     STRIMZI_MANUAL_ROLLING_UPDATE,
     STRIMZI_PODSET,
+    Drain,
     PodView,
     Step,
     Workload,
+    claim_ops,
     controller_caught_up,
+    drain,
     expected_pod_names,
     failing,
+    held_by,
     hold_ops,
     how_to_roll,
     next_to_roll,
@@ -88,7 +93,15 @@ from compaction_operator.status import (
     status_patch,
     status_to_write,
 )
-from compaction_operator.webhook import WEBHOOK_ID, Choice, choose_policy, webhook_server
+from compaction_operator.webhook import (
+    WEBHOOK_ID,
+    Choice,
+    admission_rejection,
+    choose_policy,
+    post_event,
+    warn_about_injection,
+    webhook_server,
+)
 
 from cleaner.clock import SystemTime, Time
 from cleaner.config import API_VERSION, KIND, Injection, Policy, RolloutStrategy, parse_policy
@@ -140,6 +153,18 @@ class PolicyState:
     #: The status this operator last wrote: fresher than the body kopf last saw.
     status: dict[str, Any] | None = None
     failing: bool = False
+    #: The last AwaitingRollout message about former targets (an Event when it changes).
+    told_former: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Former:
+    """A StatefulSet this policy holds that no longer carries its sidecar in its template (a
+    former target), not released yet."""
+
+    workload: Workload
+    sts: dict[str, Any]
+    drain: Drain
 
 
 def _manifest(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -151,6 +176,11 @@ def _owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body["metadata"]
     return {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"],
             "controller": True, "blockOwnerDeletion": True}
+
+
+def policy_ref(namespace: str, name: str) -> str:
+    """How a hold names its policy (``kafkacleaner.io/held-by``)."""
+    return f"{namespace}/{name}"
 
 
 def policy_file(policy: Policy) -> str:
@@ -221,8 +251,8 @@ class Operator:
     async def cluster_version(self) -> KubeVersion:
         if self.version is None or self._seconds() - self._version_at > VERSION_TTL:
             try:
-                info = await self.call(self._kube().version)
-                self.version, self._version_at = KubeVersion.from_version_info(info), self._seconds()
+                # The oldest of the API server and every kubelet decides native sidecars.
+                self.version, self._version_at = await self.call(self._kube().cluster_version), self._seconds()
             except Exception:
                 if self.version is None:
                     raise
@@ -296,6 +326,7 @@ class Operator:
         sidecar: Sidecar | None = None
         policy: Policy | None = None
         target: Target | None = None
+        former: list[Former] = []
         try:
             policy = parse_policy(_manifest(body), source=f"CompactionPolicy {namespace}/{name}")
             sidecar = await self._expected_sidecar(policy, rollout, strict=not policy.paused)
@@ -303,9 +334,12 @@ class Operator:
             # A sidecar that was rolled back is not injected again until the spec changes it.
             wanted = None if sidecar is not None and rolled_back.get("sidecarHash") == sidecar.hash else sidecar
             if policy.paused:
+                # The sidecars must see spec.paused (it stops their cleaning and staging): the
+                # ConfigMap is published; nothing else changes in the cluster.
+                await self._ensure_configmap(body, policy, logger)
                 outcome = Outcome.paused()
             else:
-                await self._apply(body, policy, wanted, logger)
+                former = await self._apply(body, policy, wanted, logger)
                 outcome = Outcome()
             target = await self._target_pods(policy, namespace) if policy.target is not None else None
             pods = target.pods if target is not None else []
@@ -317,9 +351,19 @@ class Operator:
                         metrics.SCRAPE_FAILURES.labels(namespace, name, pod).inc()
             elif scrape:
                 scrapes = {}
+            # A pod of a former target on its way back holds the paced steps of this one.
+            elsewhere = next((f.drain.busy for f in former if f.drain.busy), None)
             if target is not None and not policy.paused:
                 outcome = await self._roll(body, policy, target, sidecar, wanted, scrapes, previous, rollout,
-                                           logger)
+                                           logger, elsewhere=elsewhere)
+            elif target is None:
+                for key in ("pending", "pendingPods", "rolling", "gate", "step"):
+                    rollout.pop(key, None)
+            if former:
+                await self._drain_former(body, policy, target, former, rollout, state, scrape=scrape,
+                                         logger=logger)
+            elif not policy.paused:
+                state.told_former = ""
             if rolled_back and wanted is None and sidecar is not None and outcome.kind is OutcomeKind.OK:
                 outcome = Outcome.stalled("SidecarRolledBack", rolled_back.get("message") or "rolled back")
         except PolicyError as exc:
@@ -428,15 +472,96 @@ class Operator:
         return sidecar
 
     async def _apply(self, body: Mapping[str, Any], policy: Policy, sidecar: Sidecar | None,
-                     logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
-        """The ConfigMap and the injection of ``sidecar`` (None: none, take it out)."""
+                     logger: logging.Logger | logging.LoggerAdapter[Any]) -> list[Former]:
+        """The ConfigMap and the injection of ``sidecar`` (None: none, take it out); the holds
+        of former targets released where done (the others returned)."""
         await self._ensure_configmap(body, policy, logger)
-        wanted = policy.target.stateful_set if (
-            policy.target is not None and policy.target.effective_injection is Injection.STATEFUL_SET
-            and sidecar is not None) else None
+        templated = policy.target.stateful_set if (
+            policy.target is not None and policy.target.effective_injection is Injection.STATEFUL_SET) else None
+        wanted = templated if sidecar is not None else None
         await self._remove_stale_injections(body, policy, keep=wanted, logger=logger)
+        former = await self._former_targets(body, policy.rollout.strategy, current=templated, logger=logger)
         if wanted is not None and sidecar is not None:
             await self._inject(body, policy, wanted, sidecar, logger)
+        return former
+
+    async def _former_targets(self, body: Mapping[str, Any], strategy: RolloutStrategy, *, current: str | None,
+                              logger: logging.Logger | logging.LoggerAdapter[Any]) -> list[Former]:
+        """The StatefulSets this policy holds (``kafkacleaner.io/held-by``) other than its
+        current target ``current`` (whose template carries its sidecar): a retarget, a removed
+        target, a switch to the webhook. Each is released once no pod of it runs the policy's
+        sidecar any more, or where releasing restarts nothing (``rollout.drain``); the others
+        are returned, still held."""
+        kube = self._kube()
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        ref = policy_ref(namespace, name)
+        found: list[Former] = []
+        for sts in await self.call(kube.list_statefulsets, namespace):
+            sts_name = sts["metadata"]["name"]
+            if held_by(sts) != ref or sts_name == current:
+                continue
+            if template_policy((sts.get("spec") or {}).get("template") or {}) == name:
+                continue  # its sidecar is still in the template: _remove_stale_injections failed
+            workload = Workload("StatefulSet", sts_name, namespace)
+            selector = label_selector_string((sts.get("spec") or {}).get("selector") or {})
+            views = [pod_view(p) for p in await self.call(kube.list_pods, namespace, selector)] if selector else []
+            step = drain(workload, sts, views, name, paced=strategy is RolloutStrategy.PACED)
+            if step.release:
+                await self._release(body, workload, sts, ref, logger)
+                continue
+            found.append(Former(workload, sts, step))
+        return found
+
+    async def _release(self, body: Mapping[str, Any], workload: Workload, sts: Mapping[str, Any], ref: str,
+                       logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        """Put the StatefulSet's own strategy back (its hold is this policy's, or names none)."""
+        ops = release_ops(sts, held_by=ref if held_by(sts) == ref else None)
+        if ops is None:
+            return
+        await self.call(self._kube().patch_statefulset, workload.namespace, workload.name, ops)
+        message = f"{workload}: no pod runs the sidecar of this policy; its own updateStrategy is back"
+        kopf.event(body, type="Normal", reason="HoldReleased", message=message)
+        logger.info(message + ".")
+
+    async def _drain_former(self, body: Mapping[str, Any], policy: Policy, target: Target | None,
+                            former: Sequence[Former], rollout: dict[str, Any], state: PolicyState, *,
+                            scrape: bool, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        """The pods of former targets that still run the sidecar: listed in
+        ``status.rollout.pendingPods`` (with the command that rolls each) and an Event when
+        they change; ``Paced`` (in reporting rounds) deletes one, only while this policy's own
+        rollout has nothing pending or in flight, every pod of its target and of every former
+        target exists, none is being deleted and all are Ready: one broker down at a time."""
+        kube = self._kube()
+        listed = [{"pod": v.name, "workload": str(f.workload), "roll": how_to_roll(f.workload, v.name, f.sts)}
+                  for f in former for v in sorted(f.drain.waiting, key=lambda v: v.name)]
+        rollout["pending"] = int(rollout.get("pending") or 0) + len(listed)
+        rollout["pendingPods"] = [*(rollout.get("pendingPods") or []), *listed][:MAX_PENDING_LISTED]
+        if not rollout["pendingPods"]:
+            rollout.pop("pendingPods")
+        strategy = policy.rollout.strategy
+        if strategy is RolloutStrategy.PACED:
+            quiet = rollout.get("pending") == len(listed) and "rolling" not in rollout
+            if target is not None and target.workload is not None:
+                views = [pod_view(p) for p in target.raw]
+                quiet = quiet and _settled(views, target.expected) and all(v.ready for v in views)
+            busy = next((f.drain.busy for f in former if f.drain.busy), None)
+            pick = next((f for f in former if f.drain.delete is not None), None)
+            if scrape and quiet and busy is None and pick is not None:
+                pod = pick.drain.delete
+                assert pod is not None
+                await self.call(kube.delete_pod, pick.workload.namespace, pod.name, pod.uid)
+                message = (f"{pick.workload}: deleted pod {pod.name} so that it comes back without the sidecar "
+                           f"(no longer a target of this policy)")
+                kopf.event(body, type="Normal", reason="RollingBroker", message=message)
+                logger.info(message + ".")
+            return
+        told = "; ".join(f"{p['pod']}: {p['roll']}" for p in listed)
+        if told and told != state.told_former:
+            message = (f"{len(listed)} pod(s) of StatefulSets this policy no longer targets still run its sidecar "
+                       f"(rollout.strategy {strategy.value}; each held until then): {told}")
+            kopf.event(body, type="Normal", reason="AwaitingRollout", message=message[:1024])
+            logger.info(message + ".")
+        state.told_former = told
 
     async def _ensure_configmap(self, body: Mapping[str, Any], policy: Policy,
                                 logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
@@ -500,7 +625,8 @@ class Operator:
             return
         await self._admission_dry_run(sts, patch)
         first = find_sidecar(template.get("spec") or {}) is None
-        await self.call(kube.patch_statefulset, namespace, sts_name, patch + hold_ops(sts, policy.rollout.strategy))
+        await self.call(kube.patch_statefulset, namespace, sts_name,
+                        patch + hold_ops(sts, policy.rollout.strategy, held_by=policy_ref(namespace, str(policy.name))))
         where = "as a native sidecar" if sidecar.native else "as a container"
         message = (f"{'Injected' if first else 'Updated'} the kafka-cleaner sidecar {where} into StatefulSet "
                    f"{sts_name} (sidecar hash {sidecar.hash})")
@@ -508,6 +634,9 @@ class Operator:
         kopf.event(body, type="Normal", reason=reason, message=message)
         kopf.event(sts, type="Normal", reason=reason, message=f"{message} by CompactionPolicy {policy.name}")
         logger.info(message + ".")
+        if (grace := grace_period_warning(policy, template.get("spec") or {})) is not None:
+            kopf.event(body, type="Warning", reason="TerminationGracePeriodTooShort",
+                       message=f"StatefulSet {sts_name}: {grace}")
 
     async def _admission_dry_run(self, sts: Mapping[str, Any], patch: Sequence[Mapping[str, Any]]) -> None:
         """Before a patch of a StatefulSet's pod template: a server-side dry-run create of the pod
@@ -557,7 +686,8 @@ class Operator:
             patch = removal_patch(template, sts["metadata"]["resourceVersion"])
             if patch is None:
                 continue
-            await self.call(kube.patch_statefulset, namespace, sts_name, patch + hold_ops(sts, strategy))
+            await self.call(kube.patch_statefulset, namespace, sts_name,
+                            patch + hold_ops(sts, strategy, held_by=policy_ref(namespace, name)))
             message = f"Removed the kafka-cleaner sidecar from StatefulSet {sts_name}"
             kopf.event(body, type="Normal", reason="SidecarRemoved", message=message)
             kopf.event(sts, type="Normal", reason="SidecarRemoved", message=f"{message} (CompactionPolicy {name})")
@@ -654,11 +784,13 @@ class Operator:
 
     async def _roll(self, body: Mapping[str, Any], policy: Policy, target: Target, sidecar: Sidecar | None,
                     wanted: Sidecar | None, scrapes: Mapping[str, Scrape] | None, previous: Mapping[str, Any],
-                    rollout: dict[str, Any], logger: logging.Logger | logging.LoggerAdapter[Any]) -> Outcome:
+                    rollout: dict[str, Any], logger: logging.Logger | logging.LoggerAdapter[Any], *,
+                    elsewhere: str | None = None) -> Outcome:
         """One step of the rollout of ``wanted`` (None: no sidecar) to the target's pods, as
         ``spec.rollout`` says (rollout.py): name what is pending, undo a sidecar that keeps a
         pod from becoming Ready, take the next paced step, release the StatefulSet when done.
-        Updates ``rollout`` (status.rollout) in place."""
+        Updates ``rollout`` (status.rollout) in place. ``elsewhere``: why a broker of another
+        workload of this policy (a former target) is down: the next paced step waits for it."""
         workload = target.workload
         strategy, deadline = policy.rollout.strategy, policy.rollout.progress_deadline_seconds
         rollout["strategy"] = strategy.value
@@ -690,6 +822,11 @@ class Operator:
                                   for v in sorted(waiting, key=lambda v: v.name)[:MAX_PENDING_LISTED]]
         if not waiting:
             rollout.pop("pendingPods")
+        ref = policy_ref(namespace, str(policy.name))
+        if sts is not None and template_policy((sts.get("spec") or {}).get("template") or {}) == policy.name:
+            ops = claim_ops(sts, ref)  # a hold an older release made names its policy from now on
+            if ops is not None:
+                sts = await self.call(kube.patch_statefulset, namespace, workload.name, ops)
 
         # -- the strategy changed while pods wait: the hold follows it ---------------------------
         # While a rollback is undone the hold is OnDelete whatever the strategy: a pod deleted
@@ -748,7 +885,7 @@ class Operator:
 
         # -- the next paced step ------------------------------------------------------------------
         if strategy is RolloutStrategy.PACED and waiting and scrapes is not None:
-            gate = _gate(views, target.expected, scrapes)
+            gate = _gate(views, target.expected, scrapes) or (f"waiting: {elsewhere}" if elsewhere else None)
             rollout["gate"] = gate or "open"
             if gate is None:
                 if workload.kind == STRIMZI_PODSET:
@@ -783,7 +920,8 @@ class Operator:
         # -- done: the StatefulSet gets its own update strategy back ------------------------------
         # Only once every pod it should have is there and none is on its way out: a pod that is
         # being replaced must come back under the hold.
-        if sts is not None and not waiting and "rolling" not in rollout and _settled(views, target.expected):
+        if sts is not None and not waiting and "rolling" not in rollout and _settled(views, target.expected) and (
+                held_by(sts) in (None, ref)):  # another policy's hold is that policy's rollout
             ops = release_ops(sts)
             if ops is not None:
                 await self.call(kube.patch_statefulset, namespace, workload.name, ops)
@@ -842,7 +980,8 @@ class Operator:
                 patch = removal_patch(template, sts["metadata"]["resourceVersion"])
                 if patch is not None:
                     await self.call(kube.patch_statefulset, workload.namespace, workload.name,
-                                    patch + hold_ops(sts, RolloutStrategy.ON_DELETE))
+                                    patch + hold_ops(sts, RolloutStrategy.ON_DELETE,
+                                                     held_by=policy_ref(workload.namespace, str(policy.name))))
             where = "removed from the pod template" if sts is not None else "no longer injected by the webhook"
             message += (f"; the sidecar was {where}, and such pods are deleted one at a time while every other "
                         "broker is Ready, so each comes back without it. Fix the sidecar in the spec (image, "
@@ -866,6 +1005,9 @@ class Operator:
         namespace, name = meta["namespace"], meta["name"]
         state = self.state(body)
         async with state.lock:
+            # First of all the sidecars stop: they stay in the pods until these are recreated
+            # (a Manual policy: until a person rolls them), and a deleted policy must not clean.
+            await self._pause_configmap(body, logger)
             await self._remove_stale_injections(body, None, keep=None, logger=logger)
             await self._await_removal(body, logger)
             cm_name = configmap_name(name)
@@ -881,51 +1023,104 @@ class Operator:
         self.policies.pop(meta["uid"], None)
         metrics.forget_policy(namespace, name)
 
+    async def _pause_configmap(self, body: Mapping[str, Any],
+                               logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        """The policy's ConfigMap as its sidecars read it now, with ``spec.paused: true``: every
+        sidecar stops cleaning, staging and committing (a staged set is discarded, never
+        committed) once the kubelet has the new file, whatever the mode, and does nothing else
+        until its pod is recreated without it. The ConfigMap goes once no pod runs the sidecar."""
+        kube = self._kube()
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        cm_name = configmap_name(name)
+        current = await self.call(kube.read_configmap, namespace, cm_name)
+        if current is None or not any(o.get("uid") == meta["uid"]
+                                      for o in (current.get("metadata") or {}).get("ownerReferences") or []):
+            return
+        policy: Policy | None = None
+        for text in ((current.get("data") or {}).get(CONFIGMAP_KEY), None):
+            try:
+                source = yaml.safe_load(text) if text is not None else _manifest(body)
+                policy = parse_policy(source, source=f"ConfigMap {cm_name}", unknown_fields=[])
+                break
+            except (PolicyError, yaml.YAMLError, TypeError, AttributeError):
+                continue
+        if policy is None:
+            # Nothing the sidecars could read as paused: without a file they stop too (a
+            # deleted policy) and discard their staged sets.
+            await self.call(kube.delete_configmap, namespace, cm_name)
+            logger.warning(f"Deleted ConfigMap {cm_name}: it held no policy that could be paused.")
+            return
+        if policy.paused:
+            return
+        paused = dataclasses.replace(policy, paused=True)
+        header = (f"# Written by {MANAGED_BY}: CompactionPolicy {namespace}/{name} is being deleted; its "
+                  "sidecars are paused until their pods are recreated without them.\n")
+        data = {**(current.get("data") or {}), CONFIGMAP_KEY: header + yaml.safe_dump(paused.to_manifest(),
+                                                                                       sort_keys=False)}
+        await self.call(kube.replace_configmap, namespace, cm_name, {**current, "data": data})
+        kopf.event(body, type="Normal", reason="PolicyPaused",
+                   message=f"ConfigMap {cm_name}: the policy is being deleted; its sidecars are paused")
+        logger.info(f"Paused the sidecars of ConfigMap {cm_name} (the policy is being deleted).")
+
     async def _await_removal(self, body: Mapping[str, Any],
                              logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
         """Deletion follows ``spec.rollout`` too: the finalizer stays until no pod of the
-        StatefulSet runs the sidecar (Paced: the operator rolls them one at a time, while
-        every pod is Ready; Manual and OnDelete: a person does), then the StatefulSet gets its
-        own update strategy back. Polls every reporting interval (an Event names the pods and
-        how to roll them when they change); the operator stopping meanwhile resumes it later."""
+        target StatefulSet, nor of any other StatefulSet this policy holds (a former target:
+        ``kafkacleaner.io/held-by``), runs the sidecar (Paced: the operator rolls them one at a
+        time, while every pod of all of them is Ready; Manual and OnDelete: a person does),
+        and each StatefulSet gets its own update strategy back as soon as it is done (or where
+        that restarts nothing: ``rollout.drain``). Polls every reporting interval (an Event
+        names the pods and how to roll them when they change); the operator stopping
+        meanwhile resumes it later."""
         kube = self._kube()
-        namespace = body["metadata"]["namespace"]
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        ref = policy_ref(namespace, name)
         target = (body.get("spec") or {}).get("target") or {}
-        sts_name = target.get("statefulSet")
-        if not sts_name or target.get("injection") == Injection.WEBHOOK.value:
-            return
-        workload, strategy, told = Workload("StatefulSet", sts_name, namespace), _strategy(body), ""
-        name = body["metadata"]["name"]
+        sts_name = target.get("statefulSet") if target.get("injection") != Injection.WEBHOOK.value else None
+        strategy, told = _strategy(body), ""
         while True:
-            sts = await self.call(kube.read_statefulset, namespace, sts_name)
-            if sts is None:
+            left: list[Former] = []
+            for sts in await self.call(kube.list_statefulsets, namespace):
+                this = sts["metadata"]["name"]
+                holder = held_by(sts)
+                # The target's hold may name no policy (made by an older release); any other
+                # StatefulSet is this policy's only if its hold names it.
+                if holder != ref and not (this == sts_name and holder is None):
+                    continue
+                owner = template_policy((sts.get("spec") or {}).get("template") or {})
+                if owner is not None and owner != name:
+                    # Another policy's sidecar is in the template (this one stalled on a
+                    # TargetConflict, or another took the StatefulSet over): a hold is that
+                    # policy's rollout, and releasing it would roll every broker at once.
+                    continue
+                workload = Workload("StatefulSet", this, namespace)
+                selector = label_selector_string((sts.get("spec") or {}).get("selector") or {})
+                views = [pod_view(p) for p in await self.call(kube.list_pods, namespace, selector)] if selector else []
+                step = drain(workload, sts, views, name, paced=strategy is RolloutStrategy.PACED)
+                if owner == name:  # the removal patch did not go through yet: nothing is done
+                    step = dataclasses.replace(step, release=False, delete=None)
+                if step.release:
+                    await self._release(body, workload, sts, ref, logger)
+                    continue
+                left.append(Former(workload, sts, step))
+            if not left:
                 return
-            owner = template_policy((sts.get("spec") or {}).get("template") or {})
-            if owner is not None and owner != name:
-                # Another policy's sidecar is in the template (this one stalled on a
-                # TargetConflict, or another took the StatefulSet over): a hold is that
-                # policy's rollout, and releasing it would roll every broker at once.
-                return
-            selector = label_selector_string((sts.get("spec") or {}).get("selector") or {})
-            views = [pod_view(p) for p in await self.call(kube.list_pods, namespace, selector)] if selector else []
-            # This policy's sidecar only (a pod injected by hand, or by another policy, stays).
-            waiting = pending([v for v in views if not v.deleting and v.policy == name], None)
-            settled = _settled(views, expected_pod_names(workload, sts))
-            if not waiting and settled:
-                ops = release_ops(sts)
-                if ops is not None:
-                    await self.call(kube.patch_statefulset, namespace, sts_name, ops)
-                return
-            if waiting and strategy is RolloutStrategy.PACED and settled and all(v.ready for v in views):
-                pick = next_to_roll(waiting)
-                assert pick is not None
-                await self.call(kube.delete_pod, namespace, pick.name, pick.uid)
-                logger.info(f"{workload}: deleted pod {pick.name} so that it comes back without the sidecar.")
-            how = "; ".join(f"{v.name}: {how_to_roll(workload, v.name, sts)}" for v in waiting[:MAX_PENDING_LISTED])
-            message = (f"waiting for {len(waiting)} pod(s) of {workload} to be recreated without the sidecar "
+            busy = next((f.drain.busy for f in left if f.drain.busy), None)
+            pick = next((f for f in left if f.drain.delete is not None), None)
+            if busy is None and pick is not None:  # one broker down at a time, across them all
+                pod = pick.drain.delete
+                assert pod is not None
+                await self.call(kube.delete_pod, namespace, pod.name, pod.uid)
+                logger.info(f"{pick.workload}: deleted pod {pod.name} so that it comes back without the sidecar.")
+            waiting = [(f, v) for f in left for v in f.drain.waiting]
+            how = "; ".join(f"{v.name}: {how_to_roll(f.workload, v.name, f.sts)}"
+                            for f, v in waiting[:MAX_PENDING_LISTED])
+            where = ", ".join(str(f.workload) for f in left)
+            message = (f"waiting for {len(waiting)} pod(s) of {where} to be recreated without the sidecar "
                        f"(rollout.strategy {strategy.value}): {how}")
             if waiting and message != told and strategy is not RolloutStrategy.PACED:
-                kopf.event(body, type="Normal", reason="AwaitingRollout", message=message)
+                kopf.event(body, type="Normal", reason="AwaitingRollout", message=message[:1024])
                 logger.info(message + ".")
                 told = message
             await asyncio.sleep(_interval(body))
@@ -977,7 +1172,7 @@ class Operator:
         task.add_done_callback(self._background.discard)
 
     async def mutate_pod(self, body: Mapping[str, Any], patch: kopf.Patch, warnings: list[str],
-                         manifests: Sequence[Mapping[str, Any]]) -> None:
+                         manifests: Sequence[Mapping[str, Any]], dryrun: bool = False) -> None:
         pod = json.loads(json.dumps(dict(body)))
         choice = choose_policy(pod, manifests)
         warnings.extend(choice.warnings)
@@ -997,6 +1192,13 @@ class Operator:
                             "(status.rollout.rolledBack): no sidecar injected")
             return
         injected = inject_into_pod(pod, sidecar)
+        if not dryrun and find_sidecar(pod.get("spec") or {}) is None:  # our own dry run's pod has it
+            refused = await self.call(admission_rejection, self._kube(), injected, self.config.webhook_timeout)
+            for reason, message in warn_about_injection(policy, injected, refused):
+                warnings.append(message)
+                post_event(self._background, self._kube(), manifest, reason, message)
+            if refused is not None:
+                return
 
         def transform(raw: dict[str, Any]) -> None:
             raw.clear()
@@ -1185,13 +1387,13 @@ def _register_webhook(registry: kopf.OperatorRegistry, op: Operator, config: Ope
     @kopf.on.mutate("", "v1", "pods", id=WEBHOOK_ID, operations=["CREATE"], ignore_failures=True,
                     persistent=True, side_effects=False, labels=selector or None, registry=registry)
     async def inject(body: kopf.Body, patch: kopf.Patch, warnings: list[str], policies: kopf.Index[str, Any],
-                     **_: Any) -> None:
+                     dryrun: bool, **_: Any) -> None:
         namespace = body.metadata.namespace
         if not namespace:
             return
         manifests = list(policies.get(namespace, []))
         try:
-            await op.mutate_pod(body, patch, warnings, manifests)
+            await op.mutate_pod(body, patch, warnings, manifests, dryrun)
         except Exception as e:  # the webhook fails open, whatever went wrong
             await op.fail_open(body, patch, warnings, manifests, e)
 

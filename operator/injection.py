@@ -8,7 +8,10 @@ What the operator adds to a broker pod, and nothing else (DESIGN.md: it never ch
 broker's own containers):
 
 * the sidecar container ``kafka-cleaner``, as a native sidecar (an ``initContainers`` entry
-  with ``restartPolicy: Always``) on Kubernetes >= 1.29, else as a regular container;
+  with ``restartPolicy: Always`` and a startupProbe on ``/startupz``: the kubelet starts the
+  broker once the sidecar's start-up gate is open) where the API server and every node's
+  kubelet are >= 1.29 (:meth:`KubeVersion.of_cluster`), else as a regular container run with
+  ``--no-gate`` (nothing orders it before the broker);
 * the volume ``kafka-cleaner-policy``, the policy ConfigMap ``<policy>-kafka-cleaner``
   (key ``policy.yaml``), mounted by the sidecar at ``/etc/kafka-cleaner`` (a directory mount,
   not ``subPath``, so that the kubelet's atomic updates reach the sidecar, which reloads it);
@@ -37,6 +40,7 @@ The pod's ``fsGroup`` applies to every container, the sidecar's too. Its command
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import posixpath
@@ -45,7 +49,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cleaner.config import LabelSelector, Mode, Policy
+from cleaner.config import (
+    RESERVED_MOUNT_PATHS,
+    SIDECAR_POLICY_DIR,
+    SIDECAR_POLICY_VOLUME,
+    SIDECAR_TOKEN_DIR,
+    LabelSelector,
+    Mode,
+    Policy,
+)
 
 __all__ = [
     "CONFIGMAP_KEY",
@@ -57,15 +69,20 @@ __all__ = [
     "POLICY_VOLUME",
     "PORT_NAME",
     "PULL_SECRETS_ANNOTATION",
+    "RESERVED_MOUNT_PATHS",
     "RESTRICTED_SECURITY_CONTEXT",
     "SIDECAR_CONTAINER",
     "SIDECAR_HASH_ANNOTATION",
+    "STARTUP_MARGIN_SECONDS",
+    "STARTUP_PERIOD_SECONDS",
     "KubeVersion",
     "Sidecar",
     "broker_identity",
     "build_sidecar",
     "configmap_name",
     "find_sidecar",
+    "gate_bound_seconds",
+    "grace_period_warning",
     "has_data_volume",
     "inject_into_pod",
     "label_selector_string",
@@ -77,14 +94,18 @@ __all__ = [
     "security_context",
     "selector_matches",
     "sidecar_args",
+    "startup_budget_seconds",
     "template_patch",
     "template_policy",
 ]
 
 SIDECAR_CONTAINER = "kafka-cleaner"
-POLICY_VOLUME = "kafka-cleaner-policy"
-POLICY_DIR = "/etc/kafka-cleaner"
-SERVICE_ACCOUNT_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# The policy model (cleaner/config.py) reserves these names and paths: the CRD refuses a data
+# volume of that name or mounted at, under or above one of those paths (the pod would be
+# refused, or fail to start).
+POLICY_VOLUME = SIDECAR_POLICY_VOLUME
+POLICY_DIR = SIDECAR_POLICY_DIR
+SERVICE_ACCOUNT_TOKEN_DIR = SIDECAR_TOKEN_DIR
 CONFIGMAP_KEY = "policy.yaml"
 POLICY_PATH = f"{POLICY_DIR}/{CONFIGMAP_KEY}"
 #: A container port name is an IANA_SVC_NAME: at most 15 characters.
@@ -95,6 +116,11 @@ POLICY_ANNOTATION = "kafkacleaner.io/policy"
 PULL_SECRETS_ANNOTATION = "kafkacleaner.io/image-pull-secrets"
 #: SidecarContainers is beta and on by default from Kubernetes 1.29 (alpha, off, in 1.28).
 NATIVE_SIDECARS_SINCE = (1, 29)
+#: The native sidecar's startupProbe on ``/startupz``: how often the kubelet asks...
+STARTUP_PERIOD_SECONDS = 5
+#: ...and how long it waits beyond twice the gate's bound before it restarts the sidecar
+#: (the interpreter's start, the policy's first read; see :func:`startup_budget_seconds`).
+STARTUP_MARGIN_SECONDS = 120
 
 #: The Pod Security "restricted" profile for the sidecar; ``sidecar.securityContext`` is merged
 #: over it (nested objects merge key by key, lists replace).
@@ -128,10 +154,14 @@ _MAX_NAME = 253
 
 @dataclass(frozen=True, order=True)
 class KubeVersion:
-    """The API server's version, as far as the operator cares (major, minor)."""
+    """A Kubernetes version, as far as the operator cares (major, minor): the API server's
+    (``from_version_info``), or the oldest of the API server and every node's kubelet
+    (``of_cluster``), which is what decides native sidecars."""
 
     major: int
     minor: int
+    #: What this version is (``the API server``, ``the kubelet of node x``), for the log.
+    source: str = dataclasses.field(default="", compare=False)
 
     @classmethod
     def from_version_info(cls, info: Mapping[str, Any]) -> KubeVersion:
@@ -140,11 +170,35 @@ class KubeVersion:
         and ``gitVersion`` is the fallback when those are missing or empty."""
         major, minor = _leading_int(info.get("major")), _leading_int(info.get("minor"))
         if major is not None and minor is not None:
-            return cls(major, minor)
+            return cls(major, minor, "the API server")
         match = re.match(r"v?(\d+)\.(\d+)", str(info.get("gitVersion") or ""))
         if match is None:
             raise ValueError(f"cannot tell the Kubernetes version from {dict(info)!r}")
-        return cls(int(match.group(1)), int(match.group(2)))
+        return cls(int(match.group(1)), int(match.group(2)), "the API server")
+
+    @classmethod
+    def of_cluster(cls, info: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]] | None,
+                   why_no_nodes: str = "") -> KubeVersion:
+        """The oldest of the API server (``GET /version``) and the kubelet of every node
+        (``status.nodeInfo.kubeletVersion``, e.g. ``v1.29.3-eks-5e0fdde``): a native sidecar
+        needs both. The API server drops ``restartPolicy`` of init containers it does not
+        support, and a kubelet older than 1.29 (the version skew policy allows three minors
+        below the API server) runs such an init container as a plain one, which never exits:
+        the broker would never start. Any node counts, not only those the brokers run on
+        today: a broker pod may be rescheduled anywhere. A kubelet version that cannot be read
+        counts as too old, and so do nodes that cannot be listed (``nodes`` None, with
+        ``why_no_nodes``): a regular container is always safe."""
+        oldest = cls.from_version_info(info)
+        if nodes is None:
+            return cls(0, 0, f"the nodes' kubelets (they could not be listed: {why_no_nodes or 'unknown'})")
+        for node in nodes:
+            name = (node.get("metadata") or {}).get("name", "?")
+            raw = str(((node.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion") or "")
+            match = re.match(r"v?(\d+)\.(\d+)", raw)
+            version = (cls(int(match.group(1)), int(match.group(2)), f"the kubelet of node {name} ({raw})")
+                       if match else cls(0, 0, f"the kubelet of node {name} (version {raw!r} unreadable)"))
+            oldest = min(oldest, version)
+        return oldest
 
     @property
     def native_sidecars(self) -> bool:
@@ -152,7 +206,8 @@ class KubeVersion:
         return (self.major, self.minor) >= NATIVE_SIDECARS_SINCE
 
     def __str__(self) -> str:
-        return f"{self.major}.{self.minor}"
+        number = f"{self.major}.{self.minor}" if (self.major, self.minor) != (0, 0) else "unknown"
+        return f"{number} ({self.source})" if self.source else number
 
 
 def _leading_int(value: object) -> int | None:
@@ -322,12 +377,14 @@ def resources(policy: Policy) -> dict[str, Any]:
     return policy.sidecar.resources.to_dict()
 
 
-def sidecar_args(policy: Policy) -> list[str]:
+def sidecar_args(policy: Policy, *, gate: bool = True) -> list[str]:
     """The ``kafka-cleaner`` arguments: the contract with the sidecar (docs/operator.md).
 
     Log dirs are ``mountPath/logDir``, normalised (``.`` is the mount itself), under every data
     volume's mount (JBOD: ``additionalDataVolumes``); wildcards such as ``kafka-log*`` are passed
-    as they are, and the sidecar expands them.
+    as they are, and the sidecar expands them. ``gate`` False (a regular container, which
+    nothing starts before the broker): ``--no-gate``, the sidecar's start-up gate opens at
+    once, and it takes no ``.lock`` at start (the broker, starting beside it, would exit on it).
     """
     target = policy.target
     if target is None:
@@ -337,7 +394,52 @@ def sidecar_args(policy: Policy) -> list[str]:
         for log_dir in target.log_dirs:
             args += ["--log-dir", posixpath.normpath(posixpath.join(mount_path, log_dir))]
     args += ["--listen", f"0.0.0.0:{policy.sidecar.port}", "--broker-name", "$(POD_NAME)"]
+    if not gate:
+        args.append("--no-gate")
     return args
+
+
+def gate_bound_seconds(policy: Policy) -> int:
+    """The longest the sidecar's start-up gate holds the broker back, by its own clock: none
+    in observe mode (the gate opens at once), else the larger of ``compact.maxGateSeconds`` and
+    ``stage.maxCommitSeconds``. Both, whichever the mode: compact and stage mount the same
+    volumes, so a switch between them reaches the pods through the ConfigMap alone, without a
+    new pod template (and so without a new startupProbe)."""
+    if policy.mode is Mode.OBSERVE:
+        return 0
+    return max(policy.compact.max_gate_seconds, policy.stage.max_commit_seconds)
+
+
+def startup_budget_seconds(policy: Policy) -> int:
+    """``failureThreshold`` x ``periodSeconds`` of the native sidecar's startupProbe: twice
+    the gate's bound plus :data:`STARTUP_MARGIN_SECONDS`. The gate's deadline is checked
+    between partitions (a stage set or a compact clean begun before it finishes or aborts
+    after it), and the policy and metadata reads before the lock are not under it; a budget
+    the gate could overrun would make the kubelet restart the sidecar mid-gate, and the new
+    one would run the gate again, forever, with the broker waiting. With this budget the
+    sidecar's own bound opens the gate first, and the kubelet starts the broker."""
+    return 2 * gate_bound_seconds(policy) + STARTUP_MARGIN_SECONDS
+
+
+def grace_period_warning(policy: Policy, pod_spec: Mapping[str, Any]) -> str | None:
+    """Why the pod's ``terminationGracePeriodSeconds`` (default 30) is too short for the
+    sidecar's termination commit (stage mode), or None. The grace period covers the broker's
+    shutdown and then the commit (a native sidecar is stopped after the broker has exited),
+    which is bounded by ``stage.maxCommitSeconds`` but may overrun it by the set in progress
+    (:func:`startup_budget_seconds`): below twice that, the kubelet's SIGKILL cuts the commit.
+    Nothing is lost (a commit is crash-safe, and the next start-up gate commits what is left),
+    but the space is reclaimed a restart later, or never for a broker rolled often."""
+    if policy.mode is not Mode.STAGE or policy.stage.max_commit_seconds == 0:
+        return None
+    grace = pod_spec.get("terminationGracePeriodSeconds")
+    grace = 30 if grace is None else int(grace)
+    needed = 2 * policy.stage.max_commit_seconds
+    if grace >= needed:
+        return None
+    return (f"terminationGracePeriodSeconds is {grace}, below twice stage.maxCommitSeconds ({needed} s): the "
+            "termination commit of stage mode may be cut short (staged sets then wait for the next start-up "
+            f"gate); give the broker pods at least {needed} s plus the broker's own shutdown time, or lower "
+            "stage.maxCommitSeconds")
 
 
 def _probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
@@ -360,7 +462,7 @@ def build_sidecar(policy: Policy, *, image: str, native: bool) -> Sidecar:
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["kafka-cleaner"],
-        "args": sidecar_args(policy),
+        "args": sidecar_args(policy, gate=native),
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}},
             {"name": "POD_NAMESPACE",
@@ -377,7 +479,8 @@ def build_sidecar(policy: Policy, *, image: str, native: bool) -> Sidecar:
             # container that has. The policy volume stands there, read-only.
             {"name": POLICY_VOLUME, "mountPath": SERVICE_ACCOUNT_TOKEN_DIR, "readOnly": True},
         ],
-        # Liveness only. A container's readiness (a native sidecar's too) counts towards the
+        # No readiness probe (a native sidecar also gets the gate's startupProbe, below). A
+        # container's readiness (a native sidecar's too) counts towards the
         # *pod's* Ready condition: a readiness probe on /readyz (200 once the policy is loaded
         # and the first scan is done, which takes minutes on a large broker) would keep the
         # broker out of its Service endpoints and stall the StatefulSet's rolling update, and
@@ -392,6 +495,11 @@ def build_sidecar(policy: Policy, *, image: str, native: bool) -> Sidecar:
     if wanted:
         container["resources"] = wanted
     if native:
+        # The start-up gate (README): the kubelet starts the broker container once this
+        # probe succeeds, i.e. once /startupz says the gate is open; liveness starts then too.
+        budget = startup_budget_seconds(policy)
+        container["startupProbe"] = _probe("/startupz", period=STARTUP_PERIOD_SECONDS,
+                                           failures=-(-budget // STARTUP_PERIOD_SECONDS))
         container["restartPolicy"] = "Always"
     # optional: a pod created after the policy (and so its ConfigMap) was deleted, or before
     # the operator wrote it, still starts; the sidecar waits for a policy file meanwhile.

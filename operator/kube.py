@@ -70,6 +70,27 @@ class Kube:
     def version(self) -> dict[str, Any]:
         return _json(self.versions.get_code(_preload_content=False, _request_timeout=TIMEOUT))
 
+    def list_nodes(self) -> list[dict[str, Any]]:
+        """Every node, for its kubelet's version (``status.nodeInfo.kubeletVersion``): a native
+        sidecar needs every kubelet at 1.29 or later (injection.KubeVersion.of_cluster)."""
+        listing = _json(self.core.list_node(_preload_content=False, _request_timeout=TIMEOUT))
+        return list(listing.get("items") or [])
+
+    def cluster_version(self) -> Any:
+        """The version that decides native sidecars: the oldest of the API server and every
+        kubelet (``injection.KubeVersion``). Nodes that cannot be listed (RBAC) count as too old."""
+        from compaction_operator.injection import KubeVersion
+
+        info = self.version()
+        try:
+            nodes: list[dict[str, Any]] | None = self.list_nodes()
+            why = ""
+        except ApiException as exc:
+            if exc.status is None or exc.status >= 500 or exc.status == 429:
+                raise
+            nodes, why = None, f"{exc.status} {exc.reason}"
+        return KubeVersion.of_cluster(info, nodes, why)
+
     # -- Events ----------------------------------------------------------------------------
 
     def create_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -157,12 +178,13 @@ class Kube:
 
     # -- pods ------------------------------------------------------------------------------
 
-    def dry_run_pod(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    def dry_run_pod(self, namespace: str, body: Mapping[str, Any],
+                    timeout: tuple[float, float] | float = TIMEOUT) -> dict[str, Any]:
         """Create ``body`` with ``dryRun=All``: the API server runs admission (Pod Security,
         webhooks, ResourceQuota, LimitRange) and validation, and stores nothing. RBAC judges it
         as ``create pods``."""
         return _json(self.core.create_namespaced_pod(namespace, dict(body), dry_run="All", _preload_content=False,
-                                                     _request_timeout=TIMEOUT))
+                                                     _request_timeout=timeout))
 
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         listing = _json(self.core.list_namespaced_pod(namespace, label_selector=label_selector,

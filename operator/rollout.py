@@ -39,14 +39,19 @@ from compaction_operator.injection import POLICY_ANNOTATION, SIDECAR_CONTAINER, 
 from cleaner.config import RolloutStrategy
 
 __all__ = [
+    "HELD_BY_ANNOTATION",
     "STRIMZI_MANUAL_ROLLING_UPDATE",
     "UPDATE_STRATEGY_ANNOTATION",
+    "Drain",
     "PodView",
     "Step",
     "Workload",
+    "claim_ops",
     "controller_caught_up",
+    "drain",
     "expected_pod_names",
     "failing",
+    "held_by",
     "hold_ops",
     "how_to_roll",
     "next_to_roll",
@@ -54,12 +59,18 @@ __all__ = [
     "pod_view",
     "rehold_ops",
     "release_ops",
+    "release_rolls_nothing",
     "rollback_gate",
+    "settled",
     "step_for",
     "stuck",
 ]
 
 UPDATE_STRATEGY_ANNOTATION = "kafkacleaner.io/update-strategy"
+#: Whose hold it is: ``<namespace>/<policy>`` of the CompactionPolicy that held the StatefulSet
+#: (set by :func:`hold_ops`, removed by :func:`release_ops`). A policy finds the StatefulSets it
+#: holds by it, also those it no longer targets (a retarget, a removed target, its deletion).
+HELD_BY_ANNOTATION = "kafkacleaner.io/held-by"
 STRIMZI_MANUAL_ROLLING_UPDATE = "strimzi.io/manual-rolling-update"
 STRIMZI_PODSET = "StrimziPodSet"
 #: The most uids ``status.rollout.step.ready`` holds (the CRD's maxItems).
@@ -98,6 +109,8 @@ class PodView:
     policy: str | None = None
     #: Why the ``kafka-cleaner`` container is waiting (``CrashLoopBackOff``, ...; empty: it is not).
     sidecar_waiting: str = ""
+    #: The StatefulSet revision it was created from (label ``controller-revision-hash``).
+    revision: str = ""
 
 
 def _time(text: str | None) -> datetime.datetime | None:
@@ -129,7 +142,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
                    has_sidecar=has_sidecar, why=why,
                    roll_requested=annotations.get(STRIMZI_MANUAL_ROLLING_UPDATE) == "true",
                    policy=annotations.get(POLICY_ANNOTATION) if has_sidecar else None,
-                   sidecar_waiting=sidecar_waiting)
+                   sidecar_waiting=sidecar_waiting,
+                   revision=str((meta.get("labels") or {}).get("controller-revision-hash") or ""))
 
 
 def expected_pod_names(workload: Workload, obj: Mapping[str, Any]) -> list[str]:
@@ -315,24 +329,55 @@ def _held_strategy(sts: Mapping[str, Any], strategy: RolloutStrategy) -> dict[st
     return {"type": "OnDelete"}
 
 
-def hold_ops(sts: Mapping[str, Any], strategy: RolloutStrategy) -> list[dict[str, Any]]:
-    """Operations that keep the StatefulSet controller from rolling the template change that
-    goes with them (the module docstring says how), saving its own strategy once."""
+def held_by(sts: Mapping[str, Any]) -> str | None:
+    """``<namespace>/<policy>`` of the policy whose hold this is (None: not held, or held by a
+    release that did not name its policy yet)."""
+    return ((sts.get("metadata") or {}).get("annotations") or {}).get(HELD_BY_ANNOTATION)
+
+
+def _annotation_ops(sts: Mapping[str, Any], values: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Operations that set the annotations ``values`` (creating the map when there is none)."""
     annotations = (sts.get("metadata") or {}).get("annotations") or {}
-    held = _held_strategy(sts, strategy)
-    if held is None:
+    if not values:
         return []
-    ops: list[dict[str, Any]] = []
-    if UPDATE_STRATEGY_ANNOTATION not in annotations:
-        original = json.dumps((sts.get("spec") or {}).get("updateStrategy") or {}, sort_keys=True)
-        if not annotations:
-            ops.append({"op": "add", "path": "/metadata/annotations",
-                        "value": {UPDATE_STRATEGY_ANNOTATION: original}})
-        else:
-            ops.append({"op": "add", "path": f"/metadata/annotations/{_pointer(UPDATE_STRATEGY_ANNOTATION)}",
-                        "value": original})
-    ops.append({"op": "add", "path": "/spec/updateStrategy", "value": held})
+    if not annotations:
+        return [{"op": "add", "path": "/metadata/annotations", "value": dict(values)}]
+    return [{"op": "add", "path": f"/metadata/annotations/{_pointer(k)}", "value": v} for k, v in values.items()]
+
+
+def hold_ops(sts: Mapping[str, Any], strategy: RolloutStrategy, *,
+             held_by: str | None = None) -> list[dict[str, Any]]:
+    """Operations that keep the StatefulSet controller from rolling the template change that
+    goes with them (the module docstring says how), saving its own strategy once. ``held_by``
+    (``<namespace>/<policy>``) names the hold's policy in :data:`HELD_BY_ANNOTATION`, also on a
+    StatefulSet held already (a policy that takes over another's hold owns it from then on:
+    the other must not release it under this one's rollout)."""
+    annotations = (sts.get("metadata") or {}).get("annotations") or {}
+    already = UPDATE_STRATEGY_ANNOTATION in annotations
+    held = _held_strategy(sts, strategy)
+    if held is None and not already:
+        return []
+    values: dict[str, str] = {}
+    if not already:
+        values[UPDATE_STRATEGY_ANNOTATION] = json.dumps((sts.get("spec") or {}).get("updateStrategy") or {},
+                                                        sort_keys=True)
+    if held_by is not None and annotations.get(HELD_BY_ANNOTATION) != held_by:
+        values[HELD_BY_ANNOTATION] = held_by
+    ops = _annotation_ops(sts, values)
+    if held is not None:
+        ops.append({"op": "add", "path": "/spec/updateStrategy", "value": held})
     return ops
+
+
+def claim_ops(sts: Mapping[str, Any], held_by: str) -> list[dict[str, Any]] | None:
+    """Operations that name ``held_by`` on a hold that names no policy (made by an older
+    release, for the policy whose sidecar the template carries), or None: not held, or named."""
+    annotations = (sts.get("metadata") or {}).get("annotations") or {}
+    if UPDATE_STRATEGY_ANNOTATION not in annotations or HELD_BY_ANNOTATION in annotations:
+        return None
+    path = f"/metadata/annotations/{_pointer(UPDATE_STRATEGY_ANNOTATION)}"
+    return [{"op": "test", "path": path, "value": annotations[UPDATE_STRATEGY_ANNOTATION]},
+            *_annotation_ops(sts, {HELD_BY_ANNOTATION: held_by})]
 
 
 def _saved_strategy(sts: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
@@ -369,8 +414,10 @@ def rehold_ops(sts: Mapping[str, Any], strategy: RolloutStrategy) -> list[dict[s
                                                            "value": wanted}]
 
 
-def release_ops(sts: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    """Operations that put the StatefulSet's own ``updateStrategy`` back (None: not held)."""
+def release_ops(sts: Mapping[str, Any], *, held_by: str | None = None) -> list[dict[str, Any]] | None:
+    """Operations that put the StatefulSet's own ``updateStrategy`` back (None: not held).
+    ``held_by``: only if the hold is that policy's (a test of :data:`HELD_BY_ANNOTATION`: a
+    policy that took the hold over meanwhile keeps it)."""
     held = _saved_strategy(sts)
     if held is None:
         return None
@@ -379,6 +426,11 @@ def release_ops(sts: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     # the status right after every template change, and a release is right whatever it wrote.
     path = f"/metadata/annotations/{_pointer(UPDATE_STRATEGY_ANNOTATION)}"
     ops: list[dict[str, Any]] = [{"op": "test", "path": path, "value": saved}, {"op": "remove", "path": path}]
+    owner_path = f"/metadata/annotations/{_pointer(HELD_BY_ANNOTATION)}"
+    if held_by is not None:
+        ops.insert(0, {"op": "test", "path": owner_path, "value": held_by})
+    if HELD_BY_ANNOTATION in ((sts.get("metadata") or {}).get("annotations") or {}):
+        ops.append({"op": "remove", "path": owner_path})
     if original:
         ops.append({"op": "add", "path": "/spec/updateStrategy", "value": original})
     elif "updateStrategy" in (sts.get("spec") or {}):
@@ -386,6 +438,81 @@ def release_ops(sts: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         ops.append({"op": "add", "path": "/spec/updateStrategy",
                     "value": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}})
     return ops
+
+
+def release_rolls_nothing(sts: Mapping[str, Any], pods: Sequence[PodView]) -> bool:
+    """Whether putting the StatefulSet's own strategy back would restart no pod: it is
+    ``OnDelete``, or every pod at or above its partition was created from the StatefulSet's
+    update revision (the StatefulSet controller has observed its spec)."""
+    held = _saved_strategy(sts)
+    if held is None:
+        return True
+    original = held[1]
+    if original.get("type", "RollingUpdate") == "OnDelete":
+        return True
+    if not controller_caught_up(sts):
+        return False
+    update = (sts.get("status") or {}).get("updateRevision")
+    partition = int((original.get("rollingUpdate") or {}).get("partition") or 0)
+    return bool(update) and all(p.revision == update for p in pods
+                                if not p.deleting and (_ordinal(p.name) or 0) >= partition)
+
+
+def settled(pods: Sequence[PodView], expected: Sequence[str] | None) -> bool:
+    """Every pod the workload should have exists and none is being deleted."""
+    present = {p.name for p in pods if not p.deleting}
+    return not any(p.deleting for p in pods) and all(name in present for name in expected or ())
+
+
+@dataclasses.dataclass(frozen=True)
+class Drain:
+    """What to do with a StatefulSet a policy holds but whose template no longer carries its
+    sidecar (a former target: retargeted, target removed, the policy deleted)."""
+
+    #: Pods that still run the policy's sidecar.
+    waiting: tuple[PodView, ...]
+    #: Put the StatefulSet's own strategy back now.
+    release: bool
+    #: The pod to delete now (``Paced`` only, one at a time), or None.
+    delete: PodView | None
+    #: Why no other broker may be taken down now (a pod of this workload missing, being
+    #: deleted or not Ready), or None.
+    busy: str | None
+
+
+def drain(workload: Workload, sts: Mapping[str, Any], pods: Sequence[PodView], policy: str, *,
+          paced: bool) -> Drain:
+    """One step of taking ``policy``'s sidecar out of the pods of a StatefulSet it holds that
+    no longer carries it in its template. The hold is released once the StatefulSet is
+    settled and no pod runs the sidecar any more, or where releasing restarts no pod
+    (:func:`release_rolls_nothing`): releasing a ``RollingUpdate`` strategy earlier would have
+    the StatefulSet controller roll the rest, which ``Manual`` leaves to a person. A
+    StatefulSet that is not held (``OnDelete`` of its own) is done once no pod runs the sidecar. ``paced``:
+    one pod of the old revision is deleted (it comes back from the template without the
+    sidecar), only while every pod exists, none is being deleted, all are Ready, and the
+    StatefulSet controller has observed the template."""
+    expected = expected_pod_names(workload, sts)
+    live = [p for p in pods if not p.deleting]
+    waiting = tuple(p for p in live if p.has_sidecar and p.policy == policy)
+    present = {p.name for p in live}
+    missing = [n for n in expected if n not in present]
+    busy: str | None = None
+    if missing:
+        busy = f"{workload}: {', '.join(missing)} missing"
+    elif deleting := [p.name for p in pods if p.deleting]:
+        busy = f"{workload}: {', '.join(deleting)} being deleted"
+    elif not_ready := [p.name for p in live if not p.ready]:
+        busy = f"{workload}: {', '.join(not_ready)} not Ready"
+    held = _saved_strategy(sts) is not None
+    if settled(pods, expected) and (not waiting or (held and release_rolls_nothing(sts, pods))):
+        return Drain(waiting, True, None, busy)
+    pick = None
+    if paced and busy is None and controller_caught_up(sts):
+        update = (sts.get("status") or {}).get("updateRevision")
+        # A pod of the update revision that runs the sidecar got it from elsewhere (the
+        # webhook): deleting it would bring it back the same.
+        pick = next_to_roll([p for p in waiting if p.revision != update])
+    return Drain(waiting, False, pick, busy)
 
 
 def how_to_roll(workload: Workload, pod: str, sts: Mapping[str, Any] | None) -> str:

@@ -25,14 +25,16 @@ import asyncio
 import dataclasses
 import functools
 import json
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import kopf
 import kubernetes
-from compaction_operator.injection import missing_data_volumes, selector_matches
+from compaction_operator.injection import grace_period_warning, missing_data_volumes, selector_matches
 from compaction_operator.settings import OperatorConfig
+from kubernetes.client.exceptions import ApiException
 
 from cleaner.config import Injection, Policy, parse_policy
 from cleaner.errors import PolicyError
@@ -42,10 +44,16 @@ __all__ = [
     "Choice",
     "GatedWebhookServer",
     "ServiceWebhookServer",
+    "admission_rejection",
     "choose_policy",
+    "dry_run_body",
+    "post_event",
+    "warn_about_injection",
     "webhook_configuration",
     "webhook_server",
 ]
+
+log = logging.getLogger("kafka-cleaner-operator")
 
 #: The mutating webhook's handler id: kopf serves it at ``/<id>`` (the chart's
 #: MutatingWebhookConfiguration calls that path).
@@ -107,6 +115,88 @@ def choose_policy(pod: Mapping[str, Any], manifests: Iterable[Mapping[str, Any]]
                         "no sidecar injected")
         return Choice(None, tuple(warnings), overlapping)
     return Choice(chosen, tuple(warnings), overlapping)
+
+
+#: What the API server sets on a create, or what would need rights of its own in a dry run
+#: (ownerReferences with blockOwnerDeletion: OwnerReferencesPermissionEnforcement asks for
+#: ``update`` of the owner's finalizers): left out of the dry run's pod.
+_SERVER_SET = ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+               "generation", "managedFields", "selfLink", "ownerReferences")
+
+
+def dry_run_body(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod being admitted, as the body of a dry-run create: a ``generateName`` instead of
+    its name (nothing can collide), without the fields of :data:`_SERVER_SET` and its status."""
+    body = json.loads(json.dumps(dict(pod)))
+    meta = {key: value for key, value in (body.get("metadata") or {}).items() if key not in _SERVER_SET}
+    name = meta.pop("name", None)
+    if name and not meta.get("generateName"):
+        meta["generateName"] = f"{name[:200]}-"
+    body["metadata"] = meta
+    body.pop("status", None)
+    return body
+
+
+def admission_rejection(kube: Any, pod: Mapping[str, Any], webhook_timeout: float) -> str | None:
+    """Whether the API server would create ``pod`` (the pod being admitted, with the sidecar):
+    a server-side dry run (``dryRun=All``), so that validation (a mount path twice, a request
+    above its limit), LimitRange, ResourceQuota, Pod Security and the other webhooks judge the
+    pod with the sidecar before the webhook hands it back. The API server calls this webhook
+    again for the dry run (``dryRun: true``, the sidecar already there): it injects nothing more
+    and runs no dry run of its own.
+
+    None: it would (or the dry run said nothing about the pod: a timeout, a server error,
+    throttling; the CRD's rules and the policy model have passed the spec, and the admission
+    answer must not wait longer than the webhook's timeout: the dry run gets that less 2 s).
+    Else the API server's message."""
+    namespace = (pod.get("metadata") or {}).get("namespace")
+    budget = max(1.0, webhook_timeout - 2.0)
+    try:
+        kube.dry_run_pod(namespace, dry_run_body(pod), (min(2.0, budget), budget))
+    except ApiException as exc:
+        if exc.status is None or exc.status >= 500 or exc.status in (409, 429):
+            log.warning("the admission dry run of a pod with the sidecar said nothing: %s %s", exc.status, exc.reason)
+            return None
+        try:
+            return str(json.loads(exc.body)["message"])
+        except (TypeError, ValueError, KeyError):
+            return f"{exc.status} {exc.reason}"
+    except Exception as exc:  # a timeout, a connection error
+        log.warning("the admission dry run of a pod with the sidecar failed: %s", exc)
+        return None
+    return None
+
+
+def warn_about_injection(policy: Policy, injected: Mapping[str, Any], refused: str | None) -> list[tuple[str, str]]:
+    """(Event reason, message) of what the webhook tells the pod's creator (an admission
+    warning) and the policy (a Warning Event) about an injection: refused by the dry run (the
+    pod is then admitted without the sidecar), or a grace period too short for stage mode's
+    termination commit."""
+    meta = injected.get("metadata") or {}
+    pod = meta.get("name") or (meta.get("generateName") or "") + "*"
+    if refused is not None:
+        return [("AdmissionRejected", f"kafka-cleaner: the sidecar of CompactionPolicy {policy.name} was not injected "
+                 f"into pod {pod}: the API server refuses the pod with it (dry run): {refused}")]
+    grace = grace_period_warning(policy, injected.get("spec") or {})
+    if grace is not None:
+        return [("TerminationGracePeriodTooShort", f"kafka-cleaner: pod {pod}: {grace}")]
+    return []
+
+
+def post_event(tasks: set[asyncio.Task[None]], kube: Any, manifest: Mapping[str, Any], reason: str,
+               message: str) -> None:
+    """A Warning Event on the policy ``manifest``, posted in the background (an admission
+    answer must not wait for it; a failure is logged); ``tasks`` holds the task until done."""
+
+    async def post() -> None:
+        try:
+            await asyncio.to_thread(kube.create_event, manifest, "Warning", reason, message)
+        except Exception as exc:
+            log.warning("cannot post the %s Event on %s: %s", reason, (manifest.get("metadata") or {}).get("name"), exc)
+
+    task = asyncio.get_running_loop().create_task(post())
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
 
 
 def webhook_configuration(config: OperatorConfig, client_config: Mapping[str, Any]) -> dict[str, Any]:

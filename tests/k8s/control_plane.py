@@ -36,6 +36,10 @@ BIN = REPO / ".tools" / "k8s" / "current" / "bin"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
 ADMIN_TOKEN = "kafka-cleaner-tests-admin"
 FAKE_NODES = ("kwok-node-0", "kwok-node-1", "kwok-node-2")
+#: The kubelet version kwok's nodes report (kwok keeps the one a node is created with; its own
+#: default, kwok-vX.Y.Z, is no Kubernetes version): the release of the control plane, as on a
+#: cluster whose nodes are upgraded with it. The operator reads it (native sidecars or not).
+KUBELET_VERSION = "v1.34.2"
 #: Where the tests install the chart (conftest.install_chart), and its ServiceAccount's name.
 CHART_RELEASE, CHART_NAMESPACE = "kc", "cleaner-operator"
 CHART_ACCOUNT = "kc-kafka-cleaner-operator"  # the release's full name: ServiceAccount, Lease, ...
@@ -227,6 +231,7 @@ class ControlPlane:
                 "status": {
                     "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
                     "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+                    "nodeInfo": {"kubeletVersion": KUBELET_VERSION},
                 },
             }
             for name in FAKE_NODES

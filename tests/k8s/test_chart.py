@@ -255,7 +255,8 @@ NAMESPACED = {
     ("core.strimzi.io", "strimzipodsets", "get")} | {
     ("", "configmaps", v) for v in ("get", "create", "update", "delete")} | {
     ("", "events", "create")}
-CRDS = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}
+CRDS = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")} | {
+    ("", "nodes", "list")}  # the kubelets' versions: native sidecar or not
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -284,7 +285,7 @@ def test_rbac_grants_exactly_what_the_operator_needs(variant: str, helm_template
 
 def test_nothing_broad_or_dangerous_is_granted(helm_template: Render, rbac: SimpleNamespace) -> None:
     dangerous = {"secrets", "pods/exec", "pods/attach", "pods/portforward", "pods/log", "serviceaccounts/token",
-                 "nodes", "clusterroles", "roles", "rolebindings", "clusterrolebindings"}
+                 "nodes/proxy", "clusterroles", "roles", "rolebindings", "clusterrolebindings"}
     for values in VARIANTS.values():
         for grant in rbac.operator_grants(helm_template(values)):
             rule = grant.rule
@@ -292,6 +293,8 @@ def test_nothing_broad_or_dangerous_is_granted(helm_template: Render, rbac: Simp
                 assert "*" not in rule.get(key, []), (grant.source, rule)
             assert not dangerous & set(rule["resources"]), (grant.source, rule)
             assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"])
+            if "nodes" in rule["resources"]:
+                assert rule["verbs"] == ["list"], (grant.source, rule)  # the kubelets' versions, nothing else
             if "pods" in rule["resources"]:
                 # create: the admission dry run, no more than "patch statefulsets" already gives;
                 # patch: an annotation; delete: one paced pod at a time

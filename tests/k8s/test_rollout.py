@@ -28,6 +28,7 @@ from typing import Any
 
 import kubernetes
 import pytest
+from broker_lock import lock_is_free_for_another_process
 from compaction_operator import metrics
 from compaction_operator.injection import SIDECAR_HASH_ANNOTATION, find_sidecar
 from compaction_operator.rollout import STRIMZI_MANUAL_ROLLING_UPDATE, UPDATE_STRATEGY_ANNOTATION
@@ -46,8 +47,15 @@ from operator_helpers import (
     wait_for,
 )
 
+from cleaner.clock import MockTime
+from cleaner.generate import GeneratorConfig, generate
+from cleaner.sidecar.service import Sidecar, SidecarOptions
+
 NS = "rollout"
 TIMEOUT = 120.0
+NOW_MS = 1_700_000_000_000
+#: Whose hold a StatefulSet's is (``rollout.HELD_BY_ANNOTATION``; spelled out: the contract).
+HELD_BY_ANNOTATION = "kafkacleaner.io/held-by"
 
 pytestmark = [
     pytest.mark.skipif(not available(), reason=missing_reason()),
@@ -778,3 +786,258 @@ def test_ondelete_rolls_back_one_stuck_broker_per_round_each_after_the_last_is_r
             assert not busy, f"{name} deleted while {busy}"
         # When broker-1 went, broker-2 was back without the sidecar and Ready.
         assert operator[1][2]["broker-2"] == "Ready (sidecar None)", watch.deletions
+
+
+# -- holds that name their policy: former targets, deletion, and what the sidecars read ---------
+
+
+def _statefulset(cluster: ApiCluster, name: str, replicas: int) -> dict[str, Any]:
+    """Another broker StatefulSet like ``_brokers``' (an emptyDir for data), its pods Ready."""
+    sts = broker_statefulset(name)
+    sts["spec"]["replicas"] = replicas
+    del sts["spec"]["volumeClaimTemplates"]
+    sts["spec"]["template"]["spec"]["volumes"].append({"name": "data", "emptyDir": {}})
+    cluster.apps.create_namespaced_stateful_set(NS, sts)
+    names = {f"{name}-{i}" for i in range(replicas)}
+    return wait_for(lambda: (p := {n: q for n, q in _pods(cluster).items() if n in names}) and set(p) == names
+                    and all(_ready(q) for q in p.values()) and p, timeout=TIMEOUT,
+                    what=f"{replicas} pods of StatefulSet {name} Ready")  # fmt: skip
+
+
+def _sts_hash(cluster: ApiCluster, name: str) -> str | None:
+    return cluster.sts(name)["spec"]["template"]["metadata"].get("annotations", {}).get(SIDECAR_HASH_ANNOTATION)
+
+
+def _observed(cluster: ApiCluster, name: str = "broker") -> dict[str, Any]:
+    """The StatefulSet once its controller has observed its spec (a pod deleted before that
+    comes back from the previous template)."""
+    return wait_for(lambda: (s := cluster.sts(name))["status"].get("observedGeneration", 0) >= s["metadata"][
+        "generation"] and s, timeout=TIMEOUT, what=f"the StatefulSet controller observing {name}")  # fmt: skip
+
+
+def _recreate(cluster: ApiCluster, pod: str, sidecar: str | None) -> dict[str, Any]:
+    """The person's roll of one pod (a deletion), back Ready with sidecar ``sidecar`` (None: none)."""
+    uid = _pods(cluster)[pod]["metadata"]["uid"]
+    cluster.core.delete_namespaced_pod(pod, NS)
+    return wait_for(lambda: (p := _pods(cluster).get(pod)) and _ready(p) and p["metadata"]["uid"] != uid and (
+        (p["metadata"].get("annotations") or {}).get(SIDECAR_HASH_ANNOTATION) if find_sidecar(p["spec"]) else None)
+        == sidecar and p, timeout=TIMEOUT, what=f"{pod} recreated with sidecar {sidecar}")  # fmt: skip
+
+
+def _not_held(sts: dict[str, Any]) -> bool:
+    annotations = sts["metadata"].get("annotations") or {}
+    return UPDATE_STRATEGY_ANNOTATION not in annotations and HELD_BY_ANNOTATION not in annotations
+
+
+def _uid(cluster: ApiCluster, name: str) -> str:
+    manifest = cluster.policy(name)
+    assert manifest is not None, f"no policy {name}"
+    return str(manifest["metadata"]["uid"])
+
+
+def _event(cluster: ApiCluster, uid: str, reason: str, *needles: str) -> str:
+    """The message of an Event with ``reason`` on the policy with this ``uid`` (earlier tests'
+    policies left Events in the namespace) that contains every one of ``needles``, once there."""
+    def found() -> str | None:
+        listed = cluster._json(cluster.core.list_namespaced_event, NS) or {}
+        for event in listed.get("items", []):
+            message = str(event.get("message", ""))
+            if event["reason"] == reason and event["involvedObject"].get("uid") == uid and all(
+                    n in message for n in needles):
+                return message
+        return None
+
+    return wait_for(found, timeout=TIMEOUT, what=f"a {reason} Event of policy {uid} saying {needles}")
+
+
+def _finalizer_waiting_for(cluster: ApiCluster, uid: str, pod: str) -> str:
+    """The AwaitingRollout Event by which the finalizer of the policy ``uid`` says it waits for ``pod``."""
+    return _event(cluster, uid, "AwaitingRollout", "to be recreated without the sidecar", pod)
+
+
+def test_retargeting_releases_the_former_targets_hold_once_no_pod_runs_the_sidecar(cluster: ApiCluster) -> None:
+    """Issue 20 item 5: an OnDelete policy moves from StatefulSet broker (where the person
+    rolled broker-1 to the sidecar) to StatefulSet other. broker's template loses the sidecar
+    under the policy's hold (OnDelete: no pod restarts), and the hold stays while broker-1
+    runs the sidecar (listed in status.rollout.pendingPods with its command); once the person
+    has rolled broker-1, broker gets its own updateStrategy back and a later Kafka chart
+    update rolls as the chart says. The old code left broker OnDelete for ever."""
+    before = _brokers(cluster, 2)
+    original = cluster.sts()["spec"]["updateStrategy"]
+    _statefulset(cluster, "other", 1)
+    manifest = policy("retarget", target=sts_target(), reporting={"intervalSeconds": 1},
+                      rollout={"strategy": "OnDelete"})  # fmt: skip
+    with running_operator():
+        _create(cluster, manifest)
+        wanted = wait_for(lambda: _template_hash(cluster), timeout=TIMEOUT, what="the sidecar in broker's template")
+        _observed(cluster)
+        rolled = _recreate(cluster, "broker-1", wanted)  # the person's roll of broker-1 only
+
+        cluster.patch_spec("retarget", {"target": sts_target("other")})
+        wait_for(lambda: _sts_hash(cluster, "other"), timeout=TIMEOUT, what="the sidecar in other's template")
+        wait_for(lambda: _template_hash(cluster) is None, timeout=TIMEOUT, what="the sidecar out of broker's template")
+        _await_rounds("retarget", 3)
+        held = cluster.sts()
+        assert held["spec"]["updateStrategy"] == {"type": "OnDelete"}, "released while broker-1 runs the sidecar"
+        pods = _pods(cluster)
+        assert pods["broker-0"]["metadata"]["uid"] == before["broker-0"]["metadata"]["uid"]
+        assert pods["broker-1"]["metadata"]["uid"] == rolled["metadata"]["uid"]
+        listed = cluster.status("retarget").get("rollout", {}).get("pendingPods") or []
+
+        # -- the person rolls broker-1: back without the sidecar, the hold is released --------------
+        _observed(cluster)
+        _recreate(cluster, "broker-1", None)
+        released = wait_for(lambda: (s := cluster.sts()) and _not_held(s) and s, timeout=TIMEOUT,
+                            what="broker's own updateStrategy back")  # fmt: skip
+        assert released["spec"]["updateStrategy"] == original
+        assert {"pod": "broker-1", "workload": "StatefulSet broker",
+                "roll": f"kubectl delete pod -n {NS} broker-1"} in listed, listed
+        _event(cluster, _uid(cluster, "retarget"), "HoldReleased", "StatefulSet broker")
+
+        # -- a later chart update rolls as the chart says (RollingUpdate) ---------------------------
+        uid = _pods(cluster)["broker-0"]["metadata"]["uid"]
+        cluster.apps.patch_namespaced_stateful_set(
+            "broker", NS, {"spec": {"template": {"metadata": {"annotations": {"checksum/config": "def"}}}}})
+        wait_for(lambda: (p := _pods(cluster).get("broker-0")) and _ready(p) and p["metadata"]["uid"] != uid,
+                 timeout=TIMEOUT, what="broker-0 rolled by the chart update")  # fmt: skip
+        # The current target is held by the policy, by name.
+        assert cluster.sts("other")["metadata"]["annotations"][HELD_BY_ANNOTATION] == f"{NS}/retarget"
+
+
+def test_deleting_a_policy_releases_every_statefulset_it_holds(cluster: ApiCluster) -> None:
+    """Issue 20 item 5, the finalizer: a Manual policy moved from broker (broker-1 rolled to
+    the sidecar by the person) to other, then deleted. The finalizer stays while broker-1 runs
+    the sidecar, broker held (partition = replicas), and goes once the person has rolled it,
+    each StatefulSet with its own updateStrategy back and no other pod restarted. The old
+    finalizer looked at the current target only: the policy went at once and broker stayed
+    held for ever."""
+    before = _brokers(cluster, 2)
+    original = cluster.sts()["spec"]["updateStrategy"]
+    other = _statefulset(cluster, "other", 1)
+    other_strategy = cluster.sts("other")["spec"]["updateStrategy"]
+    with running_operator():
+        _create(cluster, policy("moved", target=sts_target(), reporting={"intervalSeconds": 1}))
+        wanted = wait_for(lambda: _template_hash(cluster), timeout=TIMEOUT, what="the sidecar in broker's template")
+        cluster.apps.patch_namespaced_stateful_set(  # the person rolls broker-1
+            "broker", NS, {"spec": {"updateStrategy": {"rollingUpdate": {"partition": 1}}}})
+        rolled = wait_for(lambda: (p := _pods(cluster).get("broker-1")) and _ready(p) and p["metadata"].get(
+            "annotations", {}).get(SIDECAR_HASH_ANNOTATION) == wanted and p, timeout=TIMEOUT,
+            what="broker-1 rolled to the sidecar")  # fmt: skip
+        cluster.patch_spec("moved", {"target": sts_target("other")})
+        wait_for(lambda: _sts_hash(cluster, "other"), timeout=TIMEOUT, what="the sidecar in other's template")
+        wait_for(lambda: _template_hash(cluster) is None, timeout=TIMEOUT, what="the sidecar out of broker's template")
+
+        uid = _uid(cluster, "moved")
+        cluster.custom.delete_namespaced_custom_object(G, V, NS, P, "moved")
+        _finalizer_waiting_for(cluster, uid, "broker-1")
+        assert cluster.policy("moved") is not None
+        held = cluster.sts()
+        assert held["spec"]["updateStrategy"]["rollingUpdate"]["partition"] == 2
+        assert held["metadata"]["annotations"][HELD_BY_ANNOTATION] == f"{NS}/moved"
+        assert _pods(cluster)["broker-1"]["metadata"]["uid"] == rolled["metadata"]["uid"]
+
+        # -- the person's roll of broker-1; then the finalizer goes -----------------------------------
+        _observed(cluster)
+        cluster.apps.patch_namespaced_stateful_set(
+            "broker", NS, {"spec": {"updateStrategy": {"rollingUpdate": {"partition": 1}}}})
+        wait_for(lambda: cluster.policy("moved") is None, timeout=TIMEOUT, what="the policy gone")
+        assert cluster.configmap("moved-kafka-cleaner") is None
+        sts = cluster.sts()
+        assert _not_held(sts) and sts["spec"]["updateStrategy"] == original, sts["spec"]["updateStrategy"]
+        assert find_sidecar(_pods(cluster)["broker-1"]["spec"]) is None
+        other_now = cluster.sts("other")
+        assert _not_held(other_now) and other_now["spec"]["updateStrategy"] == other_strategy
+        pods = _pods(cluster)
+        assert pods["broker-0"]["metadata"]["uid"] == before["broker-0"]["metadata"]["uid"]
+        assert pods["other-0"]["metadata"]["uid"] == other["other-0"]["metadata"]["uid"]
+
+
+class RealSidecar:
+    """The real sidecar (``cleaner.sidecar.service.Sidecar``, in process, on a MockTime) in
+    compact mode on a generated log dir, reading a policy file with the text the operator
+    put in the ConfigMap."""
+
+    def __init__(self, root: pathlib.Path) -> None:
+        self.data, self.policy = root / "kafka-logs", root / "policy.yaml"
+        generate(self.data, GeneratorConfig(now_ms=NOW_MS, topics=1, partitions=1, records=3_000, keys=300,
+                                            segment_bytes=32 * 1024))
+        self.sidecar: Sidecar | None = None
+
+    def read(self, text: str) -> tuple[str, bool]:
+        """The policy file now holds ``text``: one turn of the loop; the cleaner's state and
+        whether a broker could take the log dir's lock."""
+        tmp = self.policy.with_name("policy.yaml.tmp")
+        tmp.write_text(text)
+        tmp.replace(self.policy)
+        if self.sidecar is None:
+            self.sidecar = Sidecar(SidecarOptions(self.policy, [str(self.data)], broker_name="broker-1",
+                                                  scan_interval_ms=1_000, listen=("127.0.0.1", 0)), MockTime(NOW_MS))
+        else:
+            assert isinstance(self.sidecar.time, MockTime)
+            self.sidecar.time.advance(2_000)
+        self.sidecar.tick()
+        return self.sidecar.status_document()["cleaner"]["state"], lock_is_free_for_another_process(self.data)
+
+    def close(self) -> None:
+        if self.sidecar is not None:
+            self.sidecar.stop()
+
+
+def _policy_text(cluster: ApiCluster, name: str) -> str:
+    cm = cluster.configmap(f"{name}-kafka-cleaner")
+    assert cm is not None, f"no ConfigMap {name}-kafka-cleaner"
+    return str(cm["data"]["policy.yaml"])
+
+
+def test_spec_paused_and_the_deletion_of_a_manual_policy_stop_its_sidecars(
+        cluster: ApiCluster, tmp_path: pathlib.Path) -> None:
+    """Issue 20 item 8: the ConfigMap the operator writes is what the sidecars read. With
+    ``spec.paused`` it must say paused (the runbooks' way to stop cleaning: the real sidecar,
+    compacting with the lock held, gives the log dir back); the old operator stopped
+    publishing instead, and the sidecars went on with the last unpaused spec. Deleting a
+    Manual policy leaves its sidecars in the pods until the person rolls them: they must stop
+    at once too (the old finalizer left the ConfigMap as it was until the roll)."""
+    _brokers(cluster, 2)
+    manifest = policy("stop", mode="compact", target=sts_target(), reporting={"intervalSeconds": 1},
+                      topics=[{"match": "topic-.*", "cleanupPolicy": "compact"}],
+                      cleaner={"dedupeBufferSize": 4 * 1024 * 1024, "backoffMs": 1_000},
+                      compact={"windows": ["* * * ? * *"]})  # fmt: skip
+    sidecar = RealSidecar(tmp_path)
+    try:
+        with running_operator():
+            _create(cluster, manifest)
+            wanted = wait_for(lambda: _template_hash(cluster), timeout=TIMEOUT, what="the sidecar in the template")
+            serving = wait_for(lambda: _policy_text(cluster, "stop"), timeout=TIMEOUT, what="the policy ConfigMap")
+            state, free = sidecar.read(serving)
+            assert state != "paused" and not free, (state, free)  # compacting, the lock held
+
+            # -- spec.paused reaches the sidecar ----------------------------------------------------
+            cluster.patch_spec("stop", {"paused": True})
+            wait_for(lambda: cluster.condition("stop", "Reconciling").get("reason") == "Paused", timeout=TIMEOUT,
+                     what="the operator's round of the paused policy")  # fmt: skip
+            _await_rounds("stop", 1)
+            assert sidecar.read(_policy_text(cluster, "stop")) == ("paused", True)
+            cluster.patch_spec("stop", {"paused": False})
+            wait_for(lambda: "paused: true" not in _policy_text(cluster, "stop"), timeout=TIMEOUT,
+                     what="the ConfigMap unpaused")  # fmt: skip
+            state, _ = sidecar.read(_policy_text(cluster, "stop"))
+            assert state != "paused", state
+
+            # -- deleting the Manual policy: the sidecars still in the pods stop at once -------------
+            cluster.apps.patch_namespaced_stateful_set(  # the person rolled broker-1
+                "broker", NS, {"spec": {"updateStrategy": {"rollingUpdate": {"partition": 1}}}})
+            wait_for(lambda: (p := _pods(cluster).get("broker-1")) and _ready(p) and p["metadata"].get(
+                "annotations", {}).get(SIDECAR_HASH_ANNOTATION) == wanted, timeout=TIMEOUT,
+                what="broker-1 rolled to the sidecar")  # fmt: skip
+            uid = _uid(cluster, "stop")
+            cluster.custom.delete_namespaced_custom_object(G, V, NS, P, "stop")
+            _finalizer_waiting_for(cluster, uid, "broker-1")
+            assert cluster.policy("stop") is not None  # the finalizer waits for the person's roll
+            assert sidecar.read(_policy_text(cluster, "stop")) == ("paused", True)
+            _observed(cluster)
+            cluster.apps.patch_namespaced_stateful_set(
+                "broker", NS, {"spec": {"updateStrategy": {"rollingUpdate": {"partition": 0}}}})
+            wait_for(lambda: cluster.policy("stop") is None, timeout=TIMEOUT, what="the policy gone")
+            assert cluster.configmap("stop-kafka-cleaner") is None
+    finally:
+        sidecar.close()

@@ -109,7 +109,8 @@ def test_sidecar_command_line_and_mounts() -> None:
         in c["env"]
     assert c["ports"] == [{"name": "cleaner-metrics", "containerPort": 9555, "protocol": "TCP"}]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert "readinessProbe" not in c and "startupProbe" not in c  # the broker pod's readiness is the broker's
+    assert "readinessProbe" not in c  # the broker pod's readiness is the broker's
+    assert c["startupProbe"]["httpGet"]["path"] == "/startupz"  # the start-up gate holds the broker
     assert c["volumeMounts"] == [
         {"name": POLICY_VOLUME, "mountPath": "/etc/kafka-cleaner", "readOnly": True},
         {"name": "data-0", "mountPath": "/var/lib/kafka/data-0", "readOnly": True},
@@ -124,6 +125,114 @@ def test_sidecar_command_line_and_mounts() -> None:
 def test_regular_container_below_1_29() -> None:
     sidecar = build_sidecar(make_policy(), image=IMAGE, native=False)
     assert "restartPolicy" not in sidecar.container and sidecar.list_name == "containers"
+
+
+# -------------------------------------------------------------------------------------------
+# The start-up gate (issue 20 item 2)
+# -------------------------------------------------------------------------------------------
+
+
+def _budget(container: dict[str, Any]) -> int:
+    probe = container["startupProbe"]
+    return int(probe["failureThreshold"]) * int(probe["periodSeconds"])
+
+
+@pytest.mark.parametrize(("mode", "compact", "stage", "bound"), [
+    ("observe", {}, {}, 0),
+    ("compact", {}, {}, 60),
+    ("compact", {"maxGateSeconds": 3600}, {"maxCommitSeconds": 5}, 3600),
+    ("compact", {"maxGateSeconds": 0}, {"maxCommitSeconds": 900}, 900),  # stage is one ConfigMap edit away
+    ("stage", {"maxGateSeconds": 10}, {"maxCommitSeconds": 600}, 600),
+    ("stage", {}, {"maxCommitSeconds": 0}, 60),
+])
+def test_a_native_sidecar_holds_the_broker_until_its_gate_is_open_and_no_longer(
+        mode: str, compact: dict[str, Any], stage: dict[str, Any], bound: int) -> None:
+    """The README's start-up gate: the native sidecar's startupProbe asks /startupz, so the
+    kubelet starts the broker container once the gate is open. Its budget exceeds twice the
+    gate's own bound with a margin: the sidecar's bound, not the kubelet, opens the gate (a
+    kubelet that gave up first would restart the sidecar mid-gate, and the gate would start
+    over, the broker waiting for ever)."""
+    target = {"statefulSet": "kafka", "dataVolume": "data", "mountPath": "/d", "logDirs": ["."],
+              "injection": "statefulSet"}
+    policy = make_policy(mode=mode, target=target, compact=compact, stage=stage)
+    assert injection.gate_bound_seconds(policy) == bound
+    c = build_sidecar(policy, image=IMAGE, native=True).container
+    probe = c["startupProbe"]
+    assert probe["httpGet"] == {"path": "/startupz", "port": "cleaner-metrics", "scheme": "HTTP"}
+    assert probe["timeoutSeconds"] <= probe["periodSeconds"] and probe["successThreshold"] == 1
+    assert _budget(c) >= 2 * bound + injection.STARTUP_MARGIN_SECONDS
+    assert "--no-gate" not in c["args"]
+
+
+def test_a_regular_container_runs_without_the_gate() -> None:
+    """Nothing orders a regular container before the broker: ``--no-gate``, so the sidecar
+    takes no .lock at start (the broker starting beside it would exit on it), and no
+    startupProbe (it would hold nothing back)."""
+    c = build_sidecar(make_policy(mode="compact"), image=IMAGE, native=False).container
+    assert c["args"][-1] == "--no-gate" and "startupProbe" not in c
+
+
+def test_no_gate_is_a_flag_the_sidecar_has() -> None:
+    from click.testing import CliRunner
+
+    from cleaner.sidecar.command import sidecar_command
+
+    result = CliRunner().invoke(sidecar_command, ["--help"])
+    assert "--no-gate" in result.output
+
+
+def _node(name: str, version: str | None) -> dict[str, Any]:
+    info = {"kubeletVersion": version} if version is not None else {}
+    return {"metadata": {"name": name}, "status": {"nodeInfo": info}}
+
+
+SERVER_1_34 = {"major": "1", "minor": "34", "gitVersion": "v1.34.2"}
+
+
+@pytest.mark.parametrize(("nodes", "native", "named"), [
+    ([_node("a", "v1.34.2"), _node("b", "v1.29.0-eks-5e0fdde")], True, "node b"),
+    ([_node("a", "v1.34.2"), _node("old", "v1.28.15")], False, "node old"),  # the skew policy allows it
+    ([_node("a", "v1.31.1+k3s1"), _node("gke", "v1.30.5-gke.1014001")], True, "node gke"),
+    ([_node("a", "v1.34.2"), _node("odd", "kwok-v0.7.0")], False, "node odd"),
+    ([_node("a", "v1.34.2"), _node("none", None)], False, "node none"),
+    ([], True, "API server"),
+])
+def test_native_sidecars_are_decided_by_the_oldest_kubelet(nodes: list[dict[str, Any]], native: bool,
+                                                           named: str) -> None:
+    """Not the API server's version: a 1.28 kubelet runs an init container with
+    restartPolicy Always as a plain init container, which never exits, and the broker never
+    starts. A kubelet whose version cannot be read counts as too old."""
+    version = KubeVersion.of_cluster(SERVER_1_34, nodes)
+    assert version.native_sidecars is native
+    assert named in str(version)
+
+
+def test_nodes_that_cannot_be_listed_mean_a_regular_container() -> None:
+    version = KubeVersion.of_cluster(SERVER_1_34, None, "403 Forbidden")
+    assert not version.native_sidecars and "403 Forbidden" in str(version)
+    assert not KubeVersion.of_cluster({"major": "1", "minor": "28"}, [_node("a", "v1.34.2")]).native_sidecars
+
+
+@pytest.mark.parametrize(("mode", "max_commit", "grace", "warned"), [
+    ("stage", 60, None, True),      # the default 30 s
+    ("stage", 60, 119, True),
+    ("stage", 60, 120, False),
+    ("stage", 10, None, False),
+    ("stage", 0, 5, False),         # never commits
+    ("compact", 600, 30, False),    # no termination commit
+])
+def test_a_grace_period_too_short_for_the_termination_commit_is_warned(
+        mode: str, max_commit: int, grace: int | None, warned: bool) -> None:
+    target = {"statefulSet": "kafka", "dataVolume": "data", "mountPath": "/d", "logDirs": ["."],
+              "injection": "statefulSet"}
+    policy = make_policy(mode=mode, target=target, stage={"maxCommitSeconds": max_commit})
+    spec = broker_template()["spec"]
+    if grace is not None:
+        spec["terminationGracePeriodSeconds"] = grace
+    message = injection.grace_period_warning(policy, spec)
+    assert (message is not None) is warned
+    if message is not None:
+        assert "terminationGracePeriodSeconds" in message and str(2 * max_commit) in message
 
 
 @pytest.mark.parametrize(("mode", "read_only"), [("observe", True), ("compact", False), ("stage", False)])
@@ -449,3 +558,86 @@ def test_a_jbod_broker_gets_every_data_volume_mounted_and_every_log_dir_passed()
     assert injection.missing_data_volumes(policy, both["spec"]) == []
     claims = [{"metadata": {"name": "data-0"}}, {"metadata": {"name": "data-1"}}]
     assert injection.missing_data_volumes(policy, broker_template()["spec"], claims) == []
+
+
+# -------------------------------------------------------------------------------------------
+# Pods the API server would refuse (issue 20 item 4)
+# -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("target", "field"), [
+    ({"mountPath": injection.POLICY_DIR}, "spec.target.mountPath"),
+    ({"mountPath": injection.SERVICE_ACCOUNT_TOKEN_DIR}, "spec.target.mountPath"),
+    ({"mountPath": "/var/run"}, "spec.target.mountPath"),                      # above the token dir
+    ({"mountPath": "/etc/kafka-cleaner/data"}, "spec.target.mountPath"),        # inside a read-only mount
+    ({"mountPath": "/opt/kafka-cleaner"}, "spec.target.mountPath"),             # hides the program
+    ({"mountPath": "/var/lib/kafka/"}, "spec.target.mountPath"),                # a second spelling
+    ({"dataVolume": POLICY_VOLUME}, "spec.target.dataVolume"),
+    ({"additionalDataVolumes": [{"name": "d1", "mountPath": "/d1"}, {"name": "d2", "mountPath": "/d1"}]},
+     "spec.target.additionalDataVolumes"),
+    ({"additionalDataVolumes": [{"name": "d1", "mountPath": "/etc/kafka-cleaner"}]},
+     "spec.target.additionalDataVolumes[0].mountPath"),
+])
+def test_a_policy_whose_sidecar_the_api_server_would_refuse_is_invalid(target: dict[str, Any], field: str) -> None:
+    """Each of these made a pod the API server refuses (the same mount path twice in the
+    sidecar, the policy volume replacing a data volume) or a sidecar that cannot start."""
+    from cleaner.errors import PolicyError
+
+    base = {"statefulSet": "kafka", "dataVolume": "data", "mountPath": "/var/lib/kafka", "logDirs": ["data"]}
+    with pytest.raises(PolicyError) as error:
+        make_policy(target={**base, **target})
+    assert error.value.field == field
+
+
+def test_mount_paths_of_the_sidecar_are_unique_for_every_valid_policy() -> None:
+    target = {"statefulSet": "kafka", "dataVolume": "data", "mountPath": "/etc/kafka-cleaner-data",
+              "logDirs": ["data"], "additionalDataVolumes": [{"name": "d1", "mountPath": "/var/lib/kafka/d1"}]}
+    mounts = build_sidecar(make_policy(target=target), image=IMAGE, native=True).container["volumeMounts"]
+    assert len({m["mountPath"] for m in mounts}) == len(mounts)
+
+
+@pytest.mark.parametrize(("resources", "bad"), [
+    ({"requests": {"cpu": "2"}, "limits": {"cpu": "1500m"}}, "spec.sidecar.resources.requests.cpu"),
+    ({"requests": {"memory": "1Gi"}, "limits": {"memory": "1000Mi"}}, "spec.sidecar.resources.requests.memory"),
+    ({"requests": {"memory": "1e9"}, "limits": {"memory": "953Mi"}}, "spec.sidecar.resources.requests.memory"),
+    ({"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"cpu": "1000m", "memory": "0.5Gi"}}, None),
+    ({"requests": {"cpu": 2}, "limits": {"memory": "1Gi"}}, None),  # no cpu limit: nothing to exceed
+])
+def test_requests_above_limits_are_invalid(resources: dict[str, Any], bad: str | None) -> None:
+    from cleaner.errors import PolicyError
+
+    if bad is None:
+        make_policy(sidecar={"resources": resources})
+        return
+    with pytest.raises(PolicyError) as error:
+        make_policy(sidecar={"resources": resources})
+    assert error.value.field == bad and "above the limit" in error.value.message
+
+
+def test_the_dry_run_body_is_the_admitted_pod_as_a_create() -> None:
+    from compaction_operator.webhook import dry_run_body
+
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "my-cluster-broker-0", "namespace": "kafka", "uid": "u", "resourceVersion": "1",
+                        "creationTimestamp": "2026-01-01T00:00:00Z", "labels": {"a": "b"},
+                        "ownerReferences": [{"kind": "StrimziPodSet", "name": "x", "blockOwnerDeletion": True}],
+                        "managedFields": [{}]},
+           "spec": {"containers": [{"name": "kafka"}]}, "status": {"phase": "Pending"}}
+    body = dry_run_body(pod)
+    assert body["metadata"] == {"namespace": "kafka", "labels": {"a": "b"}, "generateName": "my-cluster-broker-0-"}
+    assert "status" not in body and body["spec"] == pod["spec"]
+    assert pod["metadata"]["name"] == "my-cluster-broker-0"  # a copy
+
+
+def test_the_webhook_reports_a_refused_injection_and_a_short_grace_period() -> None:
+    from compaction_operator.webhook import warn_about_injection
+
+    target = {"podSelector": {"matchLabels": {"app": "kafka"}}, "dataVolume": "data", "mountPath": "/d",
+              "logDirs": ["."], "injection": "webhook"}
+    stage = make_policy(mode="stage", target=target)
+    pod = {"metadata": {"name": "b-0"}, "spec": {"terminationGracePeriodSeconds": 30}}
+    [(reason, message)] = warn_about_injection(stage, pod, "limit is 512Mi")
+    assert reason == "AdmissionRejected" and "not injected into pod b-0" in message and "512Mi" in message
+    [(reason, message)] = warn_about_injection(stage, pod, None)
+    assert reason == "TerminationGracePeriodTooShort"
+    assert warn_about_injection(stage, {"metadata": {}, "spec": {"terminationGracePeriodSeconds": 300}}, None) == []

@@ -15,7 +15,9 @@ from compaction_operator.rollout import (
     UPDATE_STRATEGY_ANNOTATION,
     Step,
     Workload,
+    claim_ops,
     controller_caught_up,
+    drain,
     expected_pod_names,
     failing,
     hold_ops,
@@ -25,6 +27,7 @@ from compaction_operator.rollout import (
     pod_view,
     rehold_ops,
     release_ops,
+    release_rolls_nothing,
     rollback_gate,
     step_for,
     stuck,
@@ -322,3 +325,90 @@ def test_a_person_s_roll_under_the_manual_hold_is_not_undone() -> None:
                                               "value": 1}])
     assert rehold_ops(lowered, RolloutStrategy.MANUAL) is None
     assert rehold_ops(lowered, RolloutStrategy.PACED) is not None  # another kind of hold: changed
+
+
+# -- holds that name their policy, and the StatefulSets a policy no longer targets (issue 20 item 5)
+
+
+HELD_BY = "kafkacleaner.io/held-by"
+
+
+def _revision(raw: dict[str, Any], revision: str, *, policy: str | None = "p") -> dict[str, Any]:
+    raw["metadata"]["labels"] = {"controller-revision-hash": revision}
+    if policy is not None and raw["spec"].get("initContainers"):
+        raw["metadata"]["annotations"]["kafkacleaner.io/policy"] = policy
+    return raw
+
+
+def _caught_up(obj: dict[str, Any], update: str = "kafka-new") -> dict[str, Any]:
+    obj["metadata"]["generation"] = 2
+    obj["status"] = {"observedGeneration": 2, "updateRevision": update}
+    return obj
+
+
+def test_a_hold_names_its_policy_a_takeover_renames_it_and_the_release_removes_it() -> None:
+    original = sts({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}})
+    held = jsonpatch.apply_patch(original, hold_ops(original, RolloutStrategy.PACED, held_by="ns/a"))
+    assert held["metadata"]["annotations"][HELD_BY] == "ns/a"
+    # Another policy takes the StatefulSet over: the hold (OnDelete already) is its from now on.
+    taken = jsonpatch.apply_patch(held, hold_ops(held, RolloutStrategy.PACED, held_by="ns/b"))
+    assert taken["metadata"]["annotations"][HELD_BY] == "ns/b"
+    assert taken["metadata"]["annotations"][UPDATE_STRATEGY_ANNOTATION] == held["metadata"]["annotations"][
+        UPDATE_STRATEGY_ANNOTATION]
+    # a's release of it fails its test (the hold is b's); b's goes through.
+    try:
+        jsonpatch.apply_patch(taken, release_ops(taken, held_by="ns/a"))
+    except jsonpatch.JsonPatchTestFailed:
+        pass
+    else:
+        raise AssertionError("a released b's hold")
+    back = jsonpatch.apply_patch(taken, release_ops(taken, held_by="ns/b"))
+    assert back["spec"]["updateStrategy"] == original["spec"]["updateStrategy"]
+    assert back["metadata"]["annotations"] == {}
+    # An older release's hold gets the name of the policy whose sidecar is in the template.
+    old = jsonpatch.apply_patch(original, hold_ops(original, RolloutStrategy.MANUAL))
+    assert HELD_BY not in old["metadata"]["annotations"]
+    claimed = jsonpatch.apply_patch(old, claim_ops(old, "ns/a"))
+    assert claimed["metadata"]["annotations"][HELD_BY] == "ns/a" and claim_ops(claimed, "ns/a") is None
+    assert claim_ops(original, "ns/a") is None
+
+
+def test_a_former_target_is_released_once_no_pod_runs_the_sidecar_or_where_releasing_rolls_nothing() -> None:
+    work = Workload("StatefulSet", "kafka", "ns")
+    original = sts({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}, replicas=2)
+    held = _caught_up(jsonpatch.apply_patch(original, hold_ops(original, RolloutStrategy.MANUAL, held_by="ns/p")))
+    running = [pod_view(_revision(pod("kafka-0", hash_=None), "kafka-new")),
+               pod_view(_revision(pod("kafka-1", hash_="h"), "kafka-old"))]
+    step = drain(work, held, running, "p", paced=False)
+    assert not step.release and [v.name for v in step.waiting] == ["kafka-1"] and step.delete is None
+    assert not release_rolls_nothing(held, running)
+    rolled = [running[0], pod_view(_revision(pod("kafka-1", hash_=None), "kafka-new"))]
+    assert drain(work, held, rolled, "p", paced=False).release
+    # Not settled (a pod missing): wait, whatever runs.
+    assert not drain(work, held, rolled[:1], "p", paced=False).release
+    # Another policy's sidecar is not this one's to wait for.
+    theirs = [running[0], pod_view(_revision(pod("kafka-1", hash_="h"), "kafka-old", policy="q"))]
+    assert not drain(work, held, theirs, "p", paced=False).waiting
+    # A webhook sidecar on pods of the update revision: releasing restarts nothing.
+    webhook = [pod_view(_revision(pod(f"kafka-{i}", hash_="h"), "kafka-new")) for i in range(2)]
+    assert drain(work, held, webhook, "p", paced=False).release
+
+
+def test_paced_drains_a_former_target_one_pod_at_a_time_of_the_old_revision_only() -> None:
+    work = Workload("StatefulSet", "kafka", "ns")
+    original = sts({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}})
+    held = _caught_up(jsonpatch.apply_patch(original, hold_ops(original, RolloutStrategy.PACED, held_by="ns/p")))
+    views = [pod_view(_revision(pod(f"kafka-{i}", hash_="h"), "kafka-old")) for i in range(3)]
+    step = drain(work, held, views, "p", paced=True)
+    assert step.delete is not None and step.delete.name == "kafka-2" and step.busy is None
+    assert drain(work, held, views, "p", paced=False).delete is None  # Manual, OnDelete: a person
+    down = [*views[:2], pod_view(_revision(pod("kafka-2", hash_=None, ready=False), "kafka-new"))]
+    step = drain(work, held, down, "p", paced=True)
+    assert step.delete is None and step.busy == "StatefulSet kafka: kafka-2 not Ready"
+    # A pod of the update revision with the sidecar (the webhook's) would come back the same.
+    mixed = [pod_view(_revision(pod("kafka-0", hash_="h"), "kafka-old")),
+             *(pod_view(_revision(pod(f"kafka-{i}", hash_="h"), "kafka-new")) for i in (1, 2))]
+    assert drain(work, held, mixed, "p", paced=True).delete == mixed[0]
+    # Before the StatefulSet controller has seen the template, a deleted pod comes back from the old one.
+    stale = {**held, "status": {"observedGeneration": 1, "updateRevision": "kafka-new"}}
+    assert drain(work, stale, views, "p", paced=True).delete is None
