@@ -25,7 +25,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 RUNBOOKS = REPO / "docs" / "runbooks.md"
 Render = Callable[..., list[dict[str, Any]]]
 MONITORING: dict[str, Any] = {"metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True},
-                                          "prometheusRule": {"enabled": True}}}
+                                          "prometheusRule": {"enabled": True}}, "webhook": {"enabled": True}}
 #: What helm_template renders with: release kco in namespace default.
 OPERATOR_JOB = 'job="kco-kafka-cleaner-operator",namespace="default"'
 SIDECAR_JOB = 'job="default/kco-kafka-cleaner-operator-sidecars"'
@@ -35,6 +35,7 @@ ALL_ALERTS = {
     "KafkaCleanerSidecarRestarts", "KafkaCleanerSidecarDown", "KafkaCleanerReportsStale",
     "KafkaCleanerReconcileErrors", "KafkaCleanerRolloutStalled", "KafkaCleanerReplicasDiverge",
     "KafkaCleanerOperatorDown", "KafkaCleanerLeaderCount", "KafkaCleanerSidecarFailing",
+    "KafkaCleanerWebhookFailOpen",
 }
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None,
@@ -92,6 +93,7 @@ def test_every_alert_links_its_runbook_section(helm_template: Render) -> None:
 #: with the labels namespace and policy.
 PENDING_OPERATOR_METRICS = {"kafka_cleaner_operator_rollout_stalled"}
 KUBE_STATE_METRICS = {"kube_pod_container_status_restarts_total"}
+API_SERVER_METRICS = {"apiserver_admission_webhook_fail_open_count"}
 
 
 def exported_names(registry: CollectorRegistry) -> set[str]:
@@ -115,8 +117,8 @@ def test_every_metric_an_alert_reads_is_exported(helm_template: Render) -> None:
     assert {"kafka_cleaner_cleaner_thread_deaths_total", "kafka_cleaner_log_dir_free_ratio",
             "kafka_cleaner_stage_min_free_disk_ratio", "kafka_cleaner_operator_leader"} <= known
     read = {name for rule in alerts(rules(helm_template)).values()
-            for name in re.findall(r"\b(kafka_cleaner_\w+|kube_\w+)\b", rule["expr"])}
-    assert read - known - PENDING_OPERATOR_METRICS == set()
+            for name in re.findall(r"\b(kafka_cleaner_\w+|kube_\w+|apiserver_\w+)\b", rule["expr"])}
+    assert read - known - API_SERVER_METRICS - PENDING_OPERATOR_METRICS == set()
 
 
 def test_alerts_that_need_a_monitor_come_with_it(helm_template: Render) -> None:
@@ -177,7 +179,8 @@ def test_alerts_fire_and_stay_silent(helm_template: Render, tmp_path: pathlib.Pa
         series("up", f"{SIDECAR_JOB},{kafka1}", "1x10"),
     ], "alert_rule_test": [
         fires("10m", "KafkaCleanerDeadThreads"),
-        fires("12m", "KafkaCleanerDeadThreads", {**crit, **broker("kafka-0")}),
+        fires("12m", "KafkaCleanerDeadThreads"),  # for: 2m
+        fires("13m", "KafkaCleanerDeadThreads", {**crit, **broker("kafka-0")}),
         fires("35m", "KafkaCleanerDeadThreads", {**crit, **broker("kafka-0")}),
         fires("45m", "KafkaCleanerDeadThreads"),  # 30 minutes without another death: resolved
         fires("9m", "KafkaCleanerUncleanablePartitions"),
@@ -212,7 +215,14 @@ def test_alerts_fire_and_stay_silent(helm_template: Render, tmp_path: pathlib.Pa
         # One replica, the leader, up until 5m; then it can no longer be scraped.
         series("up", f'{OPERATOR_JOB},pod="op-0"', "1x5 0x20"),
         series("kafka_cleaner_operator_leader", f'{OPERATOR_JOB},pod="op-0"', "1x5"),
+        # The API server fails open twice at 3m (the operator down); another webhook fails open too.
+        series("apiserver_admission_webhook_fail_open_count", 'name="inject-sidecar.kafkacleaner.io",type="admit"',
+               "0 0 0 2x30"),
+        series("apiserver_admission_webhook_fail_open_count", 'name="other.example.com",type="admit"', "0+1x30"),
     ], "alert_rule_test": [
+        fires("2m", "KafkaCleanerWebhookFailOpen"),
+        fires("4m", "KafkaCleanerWebhookFailOpen", {**warn, "name": "inject-sidecar.kafkacleaner.io"}),
+        fires("14m", "KafkaCleanerWebhookFailOpen"),  # 10 minutes without another: resolved
         fires("6m", "KafkaCleanerReportsStale", {**warn, "namespace": "kafka", "policy": "offsets"}),
         fires("15m", "KafkaCleanerReconcileErrors"),
         fires("17m", "KafkaCleanerReconcileErrors",
