@@ -15,7 +15,7 @@ STAMP  := $(VENV)/.installed-stamp
 # `operator` whenever Python put the working directory on sys.path (`python -m ...`).
 export PYTHONSAFEPATH := 1
 
-.PHONY: demo demo-kafka test lint bench setup mutation crash-soak fuzz image
+.PHONY: demo demo-kafka test lint bench setup mutation crash-soak soak fuzz image
 
 setup: $(STAMP)
 
@@ -70,6 +70,14 @@ mutation: $(STAMP)
 # The crash-consistency checker on bigger logs (docs/testing.md); `make test` runs the small ones.
 crash-soak: $(STAMP)
 	CRASH_SOAK=1 $(BIN)/python -m pytest -n 0 -q tests/crash
+
+# The soak (tests/soak): the real sidecar beside a real busy broker (rolls, retention, Kafka's
+# own cleaner, transactions, DeleteRecords, topic deletion, moves between log dirs, restarts and
+# SIGKILLs), each Kafka line, SOAK_SECONDS of workload a line (half observe, half stage); figures
+# in .tools/soak. `make test` runs 60 s a line.
+SOAK_SECONDS ?= 600
+soak: $(STAMP)
+	SOAK_SECONDS=$(SOAK_SECONDS) SOAK_REPORT_DIR=$(abspath .tools/soak) $(BIN)/python -m pytest -n 0 -s --durations=5 tests/soak
 
 # Coverage-guided fuzzing of the record decoder (atheris); FUZZ_SECONDS=600 by default.
 FUZZ_SECONDS ?= 600

@@ -22,6 +22,7 @@ from cleaner.engine.manager import LogCleanerManager, ManagedLog, PartitionRepor
 from cleaner.engine.next_clean import NextCleanCache, NextCleanEstimate, estimate_next_clean, section_shape
 from cleaner.errors import (
     CorruptRecordError,
+    FileChangedError,
     KafkaCleanerError,
     LogDirLockedError,
     ThreadShutdownError,
@@ -134,7 +135,9 @@ class PartitionStatus:
     replica: ReplicaFacts | None = None
     """What the operator compares with the partition's other replicas (``replica_facts``)."""
     error: BaseException | None = None
-    """What ended this partition's look early (then it is reported uncleanable with it)."""
+    """What ended this partition's look early (then it is reported uncleanable with it,
+    unless it is a file the broker changed under the look, ``FileChangedError``: then the
+    scan has no facts for it, and the next scan looks again)."""
 
     @property
     def oldest_tombstone_age_ms(self) -> int | None:
@@ -235,6 +238,32 @@ def status(
         managed = logs.get(report.topic_partition)
         if managed is None:
             continue  # created since the listing above: the next look sees it
+        looked = _look(manager, managed, report, cache, throttle, policy, next_clean, now, replicas)
+        if looked is not None:
+            out.append(looked)
+    if next_clean is not None:
+        next_clean.retain(set(logs))
+    return out
+
+
+def _look(
+    manager: LogCleanerManager,
+    managed: ManagedLog,
+    report: PartitionReport,
+    cache: FactsCache,
+    throttle: Callable[[int], None] | None,
+    policy: Policy,
+    next_clean: NextCleanCache | None,
+    now: int,
+    replicas: bool,
+) -> PartitionStatus | None:
+    """One partition's status. A file a live broker changed under the look (retention
+    renamed a segment away, its cleaner swapped one in: ``FileChangedError``) is no verdict
+    on the partition: the directory is looked at again as it now is, once; a second change
+    leaves this scan without its facts (the next scan reads them), and a partition dir
+    renamed away meanwhile (a deletion, a move) is no partition here any more (None)."""
+    tp = report.topic_partition
+    for attempt in (1, 2):
         try:
             facts, damage = _log_facts(managed, cache, throttle)
             if damage is not None and report.reason != "uncleanable":
@@ -244,17 +273,29 @@ def status(
             replica = replica_facts(managed.log, report) if replicas and report.compacted else None
         except ThreadShutdownError:
             raise
+        except FileChangedError as e:
+            if attempt == 2 or not managed.log.read_only:
+                log.warning("cannot scan %s: %s", tp, e)
+                return PartitionStatus(report, None, now, error=e)
+            log.info("%s changed during the look (%s): looking again", tp, e)
+            try:
+                managed.log.refresh()
+                report = manager.report_partition(managed, now)
+            except FileChangedError as gone:
+                if managed.log.moved():
+                    log.info("%s in %s went away during the look: %s", tp, managed.log_dir, gone)
+                    return None
+                log.warning("cannot scan %s: %s", tp, gone)
+                return PartitionStatus(report, None, now, error=gone)
+            continue
         except Exception as e:
             # One partition's look failing (a bug, or a file the broker changed in a way no
             # reader expected) never costs the others theirs.
-            log.exception("cannot look at %s", report.topic_partition)
+            log.exception("cannot look at %s", tp)
             report.eligible, report.reason, report.uncleanable_reason = False, "uncleanable", failure_reason(e)
-            out.append(PartitionStatus(report, None, now, error=e))
-            continue
-        out.append(PartitionStatus(report, facts, now, estimate, replica))
-    if next_clean is not None:
-        next_clean.retain(set(logs))
-    return out
+            return PartitionStatus(report, None, now, error=e)
+        return PartitionStatus(report, facts, now, estimate, replica)
+    raise AssertionError("unreachable")
 
 
 def _next_clean(
@@ -303,12 +344,20 @@ def _log_facts(
         active = i == len(segments) - 1
         try:
             facts = cache.facts(segment, active=active, throttle=throttle)
+        except (FileChangedError, ThreadShutdownError):
+            raise  # renamed away or rewritten under the read (the caller looks again); stopping
         except (KafkaCleanerError, OSError) as e:
             log.warning("cannot scan %s: %s", managed.topic_partition, e)
             return None, None if active else str(e)
         total = total + facts
-        if not active and facts.bytes_scanned < segment.size:
-            return total, str(_truncation(segment, facts.bytes_scanned))
+        if not active:
+            read = cache.stamp_of(segment)
+            if read is not None and read.size != segment.size:
+                # Another file under the name since the listing (a swap): its size, not
+                # the listed one's, says whether it is whole. Look again at the dir.
+                raise FileChangedError(segment.log_path, f"{segment.size} bytes when listed, {read.size} when read")
+            if facts.bytes_scanned < segment.size:
+                return total, str(_truncation(segment, facts.bytes_scanned))
     return total, None
 
 

@@ -8,6 +8,7 @@ LogCleaningAbortedException, LogSegmentOffsetOverflowException, ...).
 
 from __future__ import annotations
 
+import errno
 import os
 
 
@@ -111,6 +112,22 @@ class FileChangedError(KafkaCleanerError):
     def __init__(self, path: str | os.PathLike[str], what: str) -> None:
         self.path = os.fspath(path)
         super().__init__(f"{self.path}: the file changed while it was read ({what}); the next scan reads it again")
+
+
+class FileVanishedError(FileChangedError, FileNotFoundError):
+    """A file a running broker owns was not there to be read: renamed away or deleted since
+    the directory was listed (retention's ``.deleted``, a cleaner's swap, a topic deletion's
+    ``-delete``, a move). Not corruption and not a reason to give up on the partition:
+    look again at the directory as it now is. Still a ``FileNotFoundError`` for code that
+    catches that."""
+
+    def __init__(self, path: str | os.PathLike[str], what: str = "renamed or deleted since the listing") -> None:
+        super().__init__(path, f"vanished: {what}")
+        self.errno = errno.ENOENT
+        self.filename = self.path
+
+    def __str__(self) -> str:
+        return str(self.args[0])  # the message, not OSError's "[Errno 2] ..."
 
 
 class LogSegmentOffsetOverflowError(KafkaCleanerError):

@@ -39,6 +39,7 @@ from cleaner.engine.manager import PartitionReport
 from cleaner.errors import FileChangedError, KafkaCleanerError
 from cleaner.records.batch import LOG_OVERHEAD
 from cleaner.storage.log import Log
+from cleaner.storage.segment import open_for_read
 
 __all__ = ["PROBE_ALIGNMENT", "BatchProbe", "ReplicaFacts", "replica_facts"]
 
@@ -122,7 +123,10 @@ def replica_facts(partition_log: Log, report: PartitionReport) -> ReplicaFacts:
                 if probe is not None and probe.last_offset < upper and probe not in probes:
                     probes.append(probe)
         except (KafkaCleanerError, OSError) as e:
-            log.warning("cannot probe %s: %s", report.topic_partition, e)
+            # A file the broker renamed away or changed under the probe is no fault (the next
+            # scan probes the files as they are then); anything else is worth a warning.
+            level = logging.INFO if isinstance(e, FileChangedError) else logging.WARNING
+            log.log(level, "cannot probe %s: %s", report.topic_partition, e)
             probes, error = [], e
     return ReplicaFacts(
         log_start_offset=report.log_start_offset,
@@ -148,7 +152,7 @@ def _batch_at(partition_log: Log, offset: int) -> BatchProbe | None:
     if segment is None:
         return None
     position = _index_floor(segment.index_path, segment.base_offset, offset)
-    with open(segment.log_path, "rb") as f:
+    with open_for_read(segment.log_path) as f:
         fd = f.fileno()
         size = os.fstat(fd).st_size
         for _ in range(_MAX_WALK):

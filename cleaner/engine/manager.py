@@ -24,7 +24,7 @@ import numpy as np
 from cleaner.clock import Time
 from cleaner.config import Policy, TopicRule
 from cleaner.effective_config import EffectiveRule, effective_rule
-from cleaner.errors import KafkaCleanerError, LogCleaningAbortedError, failure_reason
+from cleaner.errors import FileChangedError, KafkaCleanerError, LogCleaningAbortedError, failure_reason
 from cleaner.storage.cluster_metadata import ClusterMetadata, ClusterMetadataReader, find_metadata_dir
 from cleaner.storage.log import Log, LogConfig, replay_batches
 from cleaner.storage.log_dir import LogDirectory
@@ -186,35 +186,78 @@ class LogCleanerManager:
     # -- the set of logs ------------------------------------------------------------------
     def logs(self) -> dict[TopicPartition, ManagedLog]:
         """Every partition whose topic a rule matches, opened once and kept; directories
-        that appeared are opened, those that disappeared are forgotten."""
+        that appeared are opened, those that disappeared are forgotten.
+
+        A kept log is the partition only while its directory is still where and what it
+        was when opened (``Log.moved``: the dir's device and inode). A partition moved to
+        another log dir (AlterReplicaLogDirs: Kafka renames the ``-future`` dir into place
+        there and the old one to ``-delete``), or deleted and created again, is opened
+        afresh from where it is now. While a move is in flight both log dirs hold the
+        partition for a moment: the log already open stays (a duplicate is reported by
+        the sidecar, never picked by the order of the dirs)."""
         with self._lock:
             seen: set[TopicPartition] = set()
             cluster, broker_id = self._cluster_metadata()
+            found: dict[TopicPartition, list[LogDirectory]] = {}
             for log_dir in self.log_dirs:
                 if not log_dir.exists():
                     continue
-                starts = log_dir.log_start_offsets()
-                for tp in log_dir.partition_dirs():
-                    policy_rule = self.policy.rule_for(tp.topic)
-                    if policy_rule is None or (self.only is not None and not self.only(tp)):
+                try:
+                    listed = log_dir.partition_dirs()
+                except (FileNotFoundError, NotADirectoryError):
+                    continue  # the log dir itself went away since exists()
+                for tp in listed:
+                    found.setdefault(tp, []).append(log_dir)
+            starts: dict[str, dict[TopicPartition, int]] = {}
+            for tp, where in found.items():
+                policy_rule = self.policy.rule_for(tp.topic)
+                if policy_rule is None or (self.only is not None and not self.only(tp)):
+                    continue
+                config = effective_rule(policy_rule, cluster.topic(tp.topic, broker_id) if cluster else None)
+                rule = config.rule
+                managed = self._logs.get(tp)
+                stale = managed is None or managed.rule != rule or managed.log.needs_reopen
+                if not stale and (
+                    all(d.path != managed.log_dir.path for d in where) or managed.log.moved()  # type: ignore[union-attr]
+                ):
+                    log.info(
+                        "%s is no longer the directory opened in %s (moved, or deleted and created again): "
+                        "opening it from %s",
+                        tp,
+                        managed.log_dir,  # type: ignore[union-attr]
+                        ", ".join(str(d) for d in where),
+                    )
+                    stale = True
+                if stale:
+                    log_dir = where[0]
+                    if managed is not None:
+                        same = [d for d in where if d.path == managed.log_dir.path]
+                        others = [d for d in where if d.path != managed.log_dir.path]
+                        # Moved: where the partition is now, another dir first (a copy left
+                        # in the old one is on its way out); otherwise where it was.
+                        log_dir = (others + same if managed.log.moved() else same + others)[0]
+                    if str(log_dir) not in starts:
+                        starts[str(log_dir)] = log_dir.log_start_offsets()
+                    try:
+                        the_log = log_dir.open_log(
+                            tp, log_config_for(rule), log_start_offset=starts[str(log_dir)].get(tp)
+                        )
+                    except (FileNotFoundError, NotADirectoryError):
+                        # Gone since the listing (a topic deletion renames the dir to
+                        # -delete, a reassignment moves it): not a log any more.
+                        self._forget(tp)
                         continue
-                    config = effective_rule(policy_rule, cluster.topic(tp.topic, broker_id) if cluster else None)
-                    rule = config.rule
-                    seen.add(tp)
-                    managed = self._logs.get(tp)
-                    if managed is None or managed.rule != rule or managed.log.needs_reopen:
-                        try:
-                            the_log = log_dir.open_log(tp, log_config_for(rule), log_start_offset=starts.get(tp))
-                        except (FileNotFoundError, NotADirectoryError):
-                            # Gone since the listing (a topic deletion renames the dir to
-                            # -delete, a reassignment moves it): not a log any more.
-                            seen.discard(tp)
-                            continue
-                        self._logs[tp] = ManagedLog(log_dir, tp, the_log, rule)
-                    self._logs[tp].config = config
+                    self._producer_state.pop(tp, None)
+                    self._logs[tp] = ManagedLog(log_dir, tp, the_log, rule)
+                seen.add(tp)
+                self._logs[tp].config = config
             for tp in [tp for tp in self._logs if tp not in seen]:
-                del self._logs[tp]
+                self._forget(tp)
             return dict(self._logs)
+
+    def _forget(self, tp: TopicPartition) -> None:
+        self._logs.pop(tp, None)
+        self._producer_state.pop(tp, None)
 
     def _cluster_metadata(self) -> tuple[ClusterMetadata | None, int | None]:
         """The cluster's topic configs from the KRaft metadata log on these disks, if one is
@@ -503,6 +546,11 @@ class LogCleanerManager:
                 try:
                     out.append(self._report_one(managed, checkpoints.get(tp), now))
                 except Exception as e:  # one partition's files changing under the look costs only its picture
+                    if isinstance(e, FileChangedError) and managed.log.moved():
+                        # Renamed away since the listing (deleted, moved): not a partition
+                        # here any more; the next listing opens it where it is now.
+                        log.info("%s in %s went away during the look: %s", tp, managed.log_dir, e)
+                        continue
                     log.warning("cannot report %s: %s", tp, failure_reason(e))
                     out.append(
                         PartitionReport(
@@ -516,7 +564,25 @@ class LogCleanerManager:
                     )
         return out
 
+    def report_partition(self, managed: ManagedLog, now: int) -> PartitionReport:
+        """One partition's ``report`` (after its log was looked at again: a file that
+        changed under a scan)."""
+        with self._lock:
+            return self._report_one(managed, self.all_cleaner_checkpoints().get(managed.topic_partition), now)
+
     def _report_one(self, managed: ManagedLog, checkpoint: int | None, now: int) -> PartitionReport:
+        try:
+            return self._report_once(managed, checkpoint, now)
+        except FileChangedError:
+            if not managed.log.read_only:
+                raise
+        # A live broker's file changed under the look (retention renamed a segment away,
+        # its cleaner swapped one in, an index was trimmed): look at the directory as it is
+        # now, once. The log dir itself renamed away raises: the caller's listing sees it.
+        managed.log.refresh()
+        return self._report_once(managed, checkpoint, now)
+
+    def _report_once(self, managed: ManagedLog, checkpoint: int | None, now: int) -> PartitionReport:
         tp = managed.topic_partition
         the_log = managed.log
         report = PartitionReport(
@@ -538,6 +604,8 @@ class LogCleanerManager:
             ltc, offsets, delay = self.log_to_clean(managed, checkpoint, now)
             report.last_stable_offset, report.high_watermark = self.last_stable_offset(managed, now)
         except Exception as e:
+            if isinstance(e, FileChangedError) and the_log.read_only:
+                raise  # _report_one looks again
             report.reason = "uncleanable"
             report.uncleanable_reason = failure_reason(e)
             return report

@@ -58,7 +58,7 @@ from cleaner.engine.manager import LogCleanerManager, ManagedLog
 from cleaner.engine.next_clean import NextCleanCache
 from cleaner.engine.offset_map import OffsetMap
 from cleaner.engine.throttler import Throttler
-from cleaner.errors import KafkaCleanerError, LogDirLockedError, ThreadShutdownError
+from cleaner.errors import FileChangedError, KafkaCleanerError, LogDirLockedError, ThreadShutdownError
 from cleaner.storage.lock import LogDirLock
 from cleaner.storage.log_dir import LogDirectory
 from cleaner.storage.topic_partition import TopicPartition
@@ -1134,6 +1134,13 @@ class _StageController(_Controller):
             self.refused[key] = str(e)
             if isinstance(e, stage.DiskFloorReached):
                 sc._error(str(managed.log_dir), str(ltc.topic_partition), str(e))
+            return
+        except FileChangedError as e:
+            # The broker rolled, cleaned or deleted a segment the round was reading (retention,
+            # its own cleaner's swap): not a failure; the round's output is gone and the next
+            # pass plans from the log as it now is.
+            log.info("staging %s stopped: %s; the next pass plans it again", ltc.topic_partition, e)
+            sc._next_scan_ms = 0
             return
         except Exception as e:
             sc._error(str(managed.log_dir), str(ltc.topic_partition), f"staging failed: {type(e).__name__}: {e}")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cleaner.errors import CorruptRecordError, LogCleaningAbortedError, SwapIncompleteError
+from cleaner.errors import CorruptRecordError, FileVanishedError, LogCleaningAbortedError, SwapIncompleteError
 from cleaner.records.batch import INT32_MAX
 from cleaner.records.columns import decode_records
 from cleaner.records.control import ControlRecordType, EndTxnMarker
@@ -92,6 +92,9 @@ class Log:
         """A read-only log that may still get new ``.cleaned`` segments written next to
         it (the sidecar's stage mode): no existing file is ever changed."""
         self.generation = 0
+        self.dir_identity: tuple[int, int] | None = None
+        """The partition dir's (st_dev, st_ino) when it was opened (``Log.open``): which
+        directory this object's segments are from (``moved``)."""
         self.lock = threading.RLock()
         self._log_end_offset: int | None = None
         self.roll_listeners: list[Callable[[Log, int], None]] = []
@@ -112,6 +115,10 @@ class Log:
         segment's base offset, as in Kafka)."""
         config = config or LogConfig()
         d = Path(directory)
+        # Before the listing: a dir renamed away and another created at its path after
+        # this stat leaves an identity that no longer matches (``moved``), never the
+        # reverse (the new dir's identity on the old dir's segments).
+        dir_st = os.stat(d)
         plan = startup_plan_for(d)
         on_disk = regular_files(d)
         if not read_only and not plan.is_empty:
@@ -147,6 +154,7 @@ class Log:
             pending_startup=plan.notes if read_only else [],
             may_stage=may_stage,
         )
+        log.dir_identity = (dir_st.st_dev, dir_st.st_ino)
         if not segments and not read_only:
             log._segments.append(log._new_segment(start))
         return log
@@ -158,6 +166,8 @@ class Log:
         d.mkdir(parents=True, exist_ok=True)
         config = config or LogConfig()
         log = cls(d, [], config, log_start_offset=base_offset, read_only=False)
+        st = os.stat(d)
+        log.dir_identity = (st.st_dev, st.st_ino)
         log._segments.append(log._new_segment(base_offset))
         return log
 
@@ -212,6 +222,21 @@ class Log:
     def segments(self) -> list[LogSegment]:
         return list(self._segments)
 
+    def moved(self) -> bool:
+        """Whether the partition dir this log was opened from is no longer at ``dir``: gone
+        (a topic deletion's rename to ``-delete``, a move's to ``-delete`` or ``-stray``),
+        or another directory in its place (a topic created again, a partition moved back
+        from another log dir: Kafka renames the ``-future`` dir into place). Segments,
+        offsets and caches of this object then describe a directory that is not the
+        partition any more: open it again from where it is now."""
+        if self.dir_identity is None:
+            return False
+        try:
+            st = os.stat(self.dir)
+        except (FileNotFoundError, NotADirectoryError):
+            return True
+        return (st.st_dev, st.st_ino) != self.dir_identity
+
     @property
     def active_segment(self) -> LogSegment | None:
         return self._segments[-1] if self._segments else None
@@ -234,18 +259,25 @@ class Log:
             for seg in self._segments:
                 seg.refresh_size()
             return
-        plan = startup_plan_for(self.dir)
-        names = plan.resulting_names(regular_files(self.dir))
+        try:
+            plan = startup_plan_for(self.dir)
+            names = plan.resulting_names(regular_files(self.dir))
+        except FileVanishedError:
+            raise  # a .swap file read for its next offset
+        except FileNotFoundError as e:
+            raise FileVanishedError(self.dir, "the partition dir was renamed away or deleted") from e
         pending_swaps = {new: old for old, new in plan.rename}
         current = {(s.base_offset, s.suffix): s for s in self._segments}
         segments = []
-        for name in sorted(names):
-            base = offset_of(name) if name.endswith(LOG_SUFFIX) else None
-            if base is None:
-                continue
+        logs = [name for name in sorted(names) if name.endswith(LOG_SUFFIX) and offset_of(name) is not None]
+        for i, name in enumerate(logs):
+            base = offset_of(name)
+            assert base is not None
             suffix = SWAP_SUFFIX if name in pending_swaps else ""
             seg = current.get((base, suffix))
-            if seg is None or not seg.same_file():
+            # The last segment is the one the broker appends to: it grows (module doc of
+            # ``LogSegment.same_file``); any other is the same file only while unchanged.
+            if seg is None or not seg.same_file(growing=i == len(logs) - 1):
                 seg = LogSegment(
                     self.dir,
                     base,

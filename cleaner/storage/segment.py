@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from cleaner.errors import (
     CorruptIndexError,
     CorruptRecordError,
     FileChangedError,
+    FileVanishedError,
     LogSegmentOffsetOverflowError,
 )
 from cleaner.records.batch import INT32_MAX, NO_TIMESTAMP
@@ -135,12 +137,43 @@ def iter_file_batches(
     ``FileRecords.batchesFrom``). A truncated batch at the end raises, unless
     ``allow_truncated_tail`` (recovery)."""
     path = os.fspath(path)
-    with open(path, "rb") as f:
-        fd = f.fileno()
-        if end is None:
-            end = os.fstat(fd).st_size
-        with page_cache.cold_read(fd, end):
-            yield from _file_batches(fd, path, position, end, chunk_size, allow_truncated_tail)
+    with open_for_read(path) as f:
+        yield from iter_fd_batches(
+            f.fileno(), path, position, end, chunk_size, allow_truncated_tail=allow_truncated_tail
+        )
+
+
+def iter_fd_batches(
+    fd: int,
+    path: str,
+    position: int = 0,
+    end: int | None = None,
+    chunk_size: int = DEFAULT_READ_CHUNK,
+    *,
+    allow_truncated_tail: bool = False,
+) -> Iterator[Batches]:
+    """``iter_file_batches`` over a file already open (``path`` names it in errors): a
+    reader that sizes the file with ``fstat`` reads the very file it sized, whatever the broker
+    renames, deletes or creates under that name meanwhile."""
+    if end is None:
+        end = os.fstat(fd).st_size
+    with page_cache.cold_read(fd, end):
+        yield from _file_batches(fd, path, position, end, chunk_size, allow_truncated_tail)
+
+
+def open_for_read(path: str | os.PathLike[str]) -> BinaryIO:
+    """Open a file of a live broker's partition for reading; not there (renamed away or
+    deleted since the listing) is a :class:`FileVanishedError`, a file that changed."""
+    try:
+        return open(path, "rb")
+    except FileNotFoundError as e:
+        raise FileVanishedError(path) from e
+
+
+def read_fd(fd: int, position: int, size: int) -> bytes:
+    """``size`` bytes at ``position`` of an open file (fewer at its end), page-cache neutral."""
+    with page_cache.cold_read(fd, os.fstat(fd).st_size):
+        return os.pread(fd, size, position)
 
 
 def _file_batches(
@@ -199,7 +232,8 @@ class LogSegment:
         self._tail: tuple[int, int] | None = None  # (position scanned to, next offset there)
         # next offset -> (position, last batch's position, its first 21 bytes), of the last scans
         self._tail_history: dict[int, tuple[int, int, bytes]] = {}
-        self._identity: tuple[int, int] | None = None
+        self._identity: tuple[int, int] | None = None  # device, inode
+        self._stamp: tuple[int, int] = (0, 0)  # ctime_ns, size at the last look
         self._max_ts_cache: tuple[int, int] | None = None
         self._first_batch_timestamp: int | None = None
 
@@ -255,23 +289,47 @@ class LogSegment:
         seg._txn_index = TransactionIndex(base_offset, path=seg.txn_index_path)
         return seg
 
-    def same_file(self) -> bool:
+    def same_file(self, *, growing: bool = False) -> bool:
         """Whether the ``.log`` is still the file this object first looked at (not
-        replaced by a swap, not deleted)."""
+        replaced by a swap, not deleted, not rewritten).
+
+        The device and inode alone do not tell: Kafka's cleaner and retention delete
+        segment files and create new ones all the time, and file systems hand a freed inode
+        number to the next new file at once, so a new segment of the same name can have
+        the old one's inode (and, the cleaner copying the last source segment's mtime onto
+        its output, its mtime too). A file is created, written and renamed into place after
+        the old one was unlinked, so its ctime is later than anything the old file had: a
+        closed segment is the same file only while its ctime and size are. A ``growing``
+        segment (the active one, which the broker appends to, so its ctime moves on every
+        write) is the same file while it has not shrunk; a shrink is a truncation, or
+        another file."""
         try:
             st = self.log_path.stat()
         except FileNotFoundError:
             return False
-        identity = (st.st_ino, st.st_dev)
+        identity = (st.st_dev, st.st_ino)
+        stamp = (st.st_ctime_ns, st.st_size)
         if self._identity is None:
-            self._identity = identity
-        return self._identity == identity
+            self._identity, self._stamp = identity, stamp
+            return True
+        if identity != self._identity:
+            return False
+        if growing:
+            if st.st_size < self._stamp[1]:
+                return False
+        elif stamp != self._stamp:
+            return False
+        self._stamp = stamp
+        return True
 
     @property
     def size(self) -> int:
         """Bytes in the ``.log``."""
         if self._size is None:
-            self._size = self.log_path.stat().st_size
+            try:
+                self._size = self.log_path.stat().st_size
+            except FileNotFoundError as e:
+                raise FileVanishedError(self.log_path) from e
         return self._size
 
     def refresh_size(self) -> int:
@@ -408,7 +466,7 @@ class LogSegment:
 
     # -- reading ------------------------------------------------------------------------
     def read(self, position: int, size: int) -> bytes:
-        with open(self.log_path, "rb") as f:
+        with open_for_read(self.log_path) as f:
             fd = f.fileno()
             with page_cache.cold_read(fd, os.fstat(fd).st_size):
                 return os.pread(fd, size, position)

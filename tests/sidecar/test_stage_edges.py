@@ -376,3 +376,48 @@ def test_the_floor_is_checked_on_the_partition_dirs_own_file_system(
         assert not rnd.work.exists()
     finally:
         rnd.close()
+
+
+# -- a source segment deleted under a round ------------------------------------------------------
+
+
+def test_a_segment_retention_deletes_under_a_round_stops_it_quietly(
+    tmp_path: Path, make_log_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention (or the broker's own cleaner) deletes a segment the round is reading: the
+    round stops, leaves nothing, and it is no failure (found by the soak: "staging failed:
+    FileVanishedError" in /status errors); the next pass stages from the log as it now is."""
+    data = make_log_dir(topics=1, partitions=1, records=6_000, keys=2_000, segment_bytes=16 * 1024)
+    pdir = data / PARTITION
+    real = LogSegment.iter_batches
+    fired: list[Path] = []
+
+    def iter_batches(segment: LogSegment, *args: Any, **kwargs: Any) -> Any:
+        if not fired and stage.STAGE_DIR not in str(segment.log_path) and segment.log_path.exists():
+            segments = sorted(pdir.glob("*.log"))
+            if segment.log_path == segments[1]:  # the round is about to read it: retention deletes it
+                segment.log_path.rename(segment.log_path.with_name(segment.log_path.name + ".deleted"))
+                fired.append(segment.log_path)
+        return real(segment, *args, **kwargs)
+
+    with BrokerLock(data):
+        sc = new_sidecar(write_policy(tmp_path / "policy.yaml", mode="stage", topics=ALL), [data])
+        monkeypatch.setattr(LogSegment, "iter_batches", iter_batches)
+        for _ in range(MAX_SCANS):
+            doc = next_scan(sc)
+            if fired:
+                break
+        assert fired, f"no round read the second segment in {MAX_SCANS} scans"
+        assert not any("staging failed" in m for m in _messages(doc)), _messages(doc)
+        assert not (pdir / stage.STAGE_DIR / stage.WORK_DIR).exists()
+        monkeypatch.setattr(LogSegment, "iter_batches", real)
+        # The deleted segment gone for good (Kafka's asynchronous delete), the next passes stage.
+        for deleted in pdir.glob("*.deleted"):
+            for twin in pdir.glob(deleted.name.split(".")[0] + ".*"):
+                twin.unlink()
+        for _ in range(MAX_SCANS):
+            doc = next_scan(sc)
+            if stage.load(pdir) is not None:
+                break
+        assert stage.load(pdir) is not None, doc["stage"]
+        assert not any("staging failed" in m for m in _messages(doc)), _messages(doc)
