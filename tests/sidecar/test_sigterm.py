@@ -38,12 +38,16 @@ def _done(log_dir: Path, mode: str) -> int:
 
 @pytest.mark.parametrize("mode", ["compact", "stage"])
 def test_sigterm_during_a_clean(tmp_path: Path, make_log_dir, mode: str) -> None:
-    """8 partitions of ~48 MB cleaned at 0.5 MB/s. Kafka's throttle first checks the rate
+    """8 partitions of ~48 MB cleaned at 20 MB/s. Kafka's throttle first checks the rate
     300 ms after it starts, and the unthrottled engine cleans these records at 300-600 MB/s, so
-    the pass must be well over 200 MB for the throttle to hold a round in flight (then for
-    minutes, in whichever partition the check falls: on a loaded machine, the first). With
-    ~16 MB partitions (96 MB to clean) a fast run finished the pass in 300 ms, unthrottled.
-    SIGTERM lands in the middle of the pass."""
+    the pass must be well over 200 MB for the throttle to hold a round in flight (then ~2.5 s
+    a partition). With ~16 MB partitions (96 MB to clean) a fast run finished the pass in
+    300 ms, unthrottled. The sidecar's scans are throttled by the same setting: on a loaded
+    machine the first scan and the next-clean estimate outlast the 300 ms and read the 384 MB
+    at the throttled rate before any round begins (at 0.5 MB/s that was 25 minutes, and the
+    test timed out waiting for a round: "no round held in flight: (0, 0)"); at 20 MB/s that is
+    at most ~40 s, within the wait's deadline on any machine. SIGTERM lands in the middle of
+    the pass."""
     data = make_log_dir(
         topics=2, partitions=4, records=48_000, value_bytes=1_000, keys=800, segment_bytes=4 << 20, compression="none"
     )
@@ -51,7 +55,7 @@ def test_sigterm_during_a_clean(tmp_path: Path, make_log_dir, mode: str) -> None
     policy = write_policy(
         tmp_path / "policy.yaml",
         mode=mode,
-        cleaner={"maxIoBytesPerSecond": 500_000, "dedupeBufferSize": 16 * 1024 * 1024},
+        cleaner={"maxIoBytesPerSecond": 20_000_000, "dedupeBufferSize": 16 * 1024 * 1024},
     )
     with sidecar_process(policy, [data], "--scan-interval-ms", "500", log_file=tmp_path / "sidecar.log") as proc:
 
@@ -59,7 +63,7 @@ def test_sigterm_during_a_clean(tmp_path: Path, make_log_dir, mode: str) -> None
             return _done(data, mode), proc.log_file.read_text().count("Beginning cleaning of log")
 
         # Wait for a round that stays in flight for half a second (held by the throttle).
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # two throttled reads of 384 MB at most, on a loaded machine
         since, seen = time.monotonic(), progress()
         while time.monotonic() - since < 0.5:
             assert time.monotonic() < deadline, f"no round held in flight: {seen}"
