@@ -15,7 +15,7 @@ STAMP  := $(VENV)/.installed-stamp
 # `operator` whenever Python put the working directory on sys.path (`python -m ...`).
 export PYTHONSAFEPATH := 1
 
-.PHONY: demo demo-kafka test lint bench setup mutation crash-soak soak fuzz image
+.PHONY: demo demo-kafka test lint bench setup mutation crash-soak soak differential-soak fuzz image
 
 setup: $(STAMP)
 
@@ -78,6 +78,13 @@ crash-soak: $(STAMP)
 SOAK_SECONDS ?= 600
 soak: $(STAMP)
 	SOAK_SECONDS=$(SOAK_SECONDS) SOAK_REPORT_DIR=$(abspath .tools/soak) $(BIN)/python -m pytest -n 0 -s --durations=5 tests/soak
+
+# The randomized differential against Kafka's own cleaner (tests/kafka/test_random_differential.py)
+# over DIFFERENTIAL_SEEDS seeds a line; `make test` runs 40. Shrunk differences go to .tools/differential.
+DIFFERENTIAL_SEEDS ?= 10000
+differential-soak: $(STAMP)
+	DIFFERENTIAL_SEEDS=$(DIFFERENTIAL_SEEDS) DIFFERENTIAL_FINDINGS=$(abspath .tools/differential) \
+		$(BIN)/python -m pytest -n 2 -q tests/kafka/test_random_differential.py -k seeds
 
 # Coverage-guided fuzzing of the record decoder (atheris); FUZZ_SECONDS=600 by default.
 FUZZ_SECONDS ?= 600

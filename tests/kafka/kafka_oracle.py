@@ -20,7 +20,7 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from aiokafka.record.memory_records import MemoryRecords
@@ -62,6 +62,42 @@ def kafka_clean(
     each with the exception). ``map_keys`` sizes Kafka's SkimpyOffsetMap to hold exactly that
     many keys per round. ``per_topic``: configs of single topics, over ``topic_config``."""
     args = [str(HARNESS), version, "--log-dir", str(log_dir), "--now-ms", str(now_ms), "--topics", topics]
+    return json.loads(_run_harness(version, args, topic_config, map_keys, dedupe_buffer_size, jvm_opts, per_topic)[-1])
+
+
+def kafka_clean_each(
+    version: str,
+    log_dirs: Sequence[Path],
+    now_ms: int,
+    topic_config: Mapping[str, str | int | float],
+    *,
+    map_keys: int | None = None,
+    dedupe_buffer_size: int | None = None,
+    per_topic: Mapping[str, Mapping[str, str | int | float]] | None = None,
+) -> list[dict]:
+    """``kafka_clean`` of every log dir, each alone (its own ``LogCleanerManager``), one
+    after the other in one JVM (the harness's ``--log-dir-list``); their reports in order."""
+    listing = Path(log_dirs[0]).parent / f".log-dirs-{os.getpid()}"
+    listing.write_text("".join(f"{d}\n" for d in log_dirs))
+    args = [str(HARNESS), version, "--log-dir-list", str(listing), "--now-ms", str(now_ms)]
+    try:
+        lines = _run_harness(version, args, topic_config, map_keys, dedupe_buffer_size, None, per_topic)
+    finally:
+        listing.unlink()
+    reports = [json.loads(line) for line in lines if line.startswith("{")]
+    assert [r["logDir"] for r in reports] == [str(d) for d in log_dirs], "the harness skipped a log dir"
+    return reports
+
+
+def _run_harness(
+    version: str,
+    args: list[str],
+    topic_config: Mapping[str, str | int | float],
+    map_keys: int | None,
+    dedupe_buffer_size: int | None,
+    jvm_opts: str | None,
+    per_topic: Mapping[str, Mapping[str, str | int | float]] | None,
+) -> list[str]:
     for name, value in topic_config.items():
         args += ["--config", f"{name}={value}"]
     for topic, config in (per_topic or {}).items():
@@ -77,7 +113,7 @@ def kafka_clean(
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
     if done.returncode != 0:
         raise AssertionError(f"Kafka {version}'s cleaner failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return done.stdout.strip().splitlines()
 
 
 def policy_rule(topic_config: Mapping[str, str | int | float], topics: str = ".*") -> dict:

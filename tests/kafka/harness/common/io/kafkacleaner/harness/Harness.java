@@ -25,15 +25,21 @@ import java.util.stream.Stream;
  *           [--topic-config TOPIC:name=value]...
  *           [--dedupe-buffer-size B | --map-keys N] [--load-factor F] [--io-buffer-size B]
  *           [--threads N] [--max-message-bytes B] [--producer-id-expiration-ms MS]
- *           [--warm-up-dir DIR]
+ *           [--warm-up-dir DIR] [--log-dir-list FILE]
  * </pre>
  * --topic-config: a config of one topic only, over the --config ones (so that one JVM cleans
  * partitions of several shapes, each with its own topic config).
  * --warm-up-dir: first clean that log dir (a copy of the same data) in the same JVM, unreported,
  * so that the reported clean runs JIT-compiled, as in a broker that has been up for a while.
+ * --log-dir-list: a file naming log dirs, one a line, cleaned one after the other in this JVM
+ * (each alone: its own LogCleanerManager, its own loop), each reported on its own JSON line,
+ * in the file's order, instead of --log-dir (the randomized differential: many log dirs, one
+ * JVM start).
  */
 public final class Harness {
     public final File logDir;
+    /** --log-dir-list: the log dirs to clean, each alone, in order (else just logDir). */
+    public final List<File> logDirs = new ArrayList<>();
     public final File warmUpDir;
     public final long nowMs;
     public final Pattern topics;
@@ -65,7 +71,18 @@ public final class Harness {
                 opts.put(args[i].substring(2), args[i + 1]);
             }
         }
-        logDir = new File(required(opts, "log-dir"));
+        if (opts.containsKey("log-dir-list")) {
+            try {
+                for (String line : Files.readAllLines(new File(opts.get("log-dir-list")).toPath()))
+                    if (!line.isBlank()) logDirs.add(new File(line.strip()));
+            } catch (IOException e) {
+                throw new IllegalArgumentException("cannot read --log-dir-list", e);
+            }
+            logDir = logDirs.isEmpty() ? null : logDirs.get(0);
+        } else {
+            logDir = new File(required(opts, "log-dir"));
+            logDirs.add(logDir);
+        }
         warmUpDir = opts.containsKey("warm-up-dir") ? new File(opts.get("warm-up-dir")) : null;
         nowMs = Long.parseLong(required(opts, "now-ms"));
         topics = Pattern.compile(opts.getOrDefault("topics", ".*"));

@@ -52,12 +52,15 @@ public final class CleanOnce {
         LogDirFailureChannel failures = new LogDirFailureChannel(1);
         BrokerTopicStats topicStats = new BrokerTopicStats(false);
         if (h.warmUpDir != null) clean(h, h.warmUpDir, time, scheduler, failures, topicStats, new Harness.Json());
-        Harness.Json out = new Harness.Json().open();
-        long cleanNs = clean(h, h.logDir, time, scheduler, failures, topicStats, out);
+        // One JSON line per log dir (--log-dir-list), each dir cleaned alone.
+        for (java.io.File logDir : h.logDirs) {
+            Harness.Json out = new Harness.Json().open();
+            long cleanNs = clean(h, logDir, time, scheduler, failures, topicStats, out);
+            out.put("logDir", logDir.getPath()).put("jvmStartMs", jvmStartMs)
+                    .put("mainNanos", System.nanoTime() - mainStartedNs).put("cleanNanos", cleanNs).close();
+            System.out.println(out);
+        }
         scheduler.shutdown();
-        out.put("jvmStartMs", jvmStartMs).put("mainNanos", System.nanoTime() - mainStartedNs)
-                .put("cleanNanos", cleanNs).close();
-        System.out.println(out);
         System.exit(0);
     }
 
