@@ -530,9 +530,7 @@ class _Round:
         self._check_path(self.pdir, self._pdir_id)
         self._check_path(self.work, self._work_id)
         if self.min_free_ratio > 0:
-            st = os.fstatvfs(self.pdir_fd)
-            total = st.f_blocks * st.f_frsize
-            free = st.f_bavail * st.f_frsize
+            free, total = _disk(self.pdir_fd)
             if total > 0 and free < self.min_free_ratio * total:
                 raise self._disk_floor(free / total)
 
@@ -836,9 +834,12 @@ def _discard(report: CommitReport, tp: TopicPartition, pdir: Path, why: Unwanted
     log.warning("%s: discarded the staged set, not committed: %s", pdir, why.message)
 
 
-def _disk(path: Path) -> tuple[int, int]:
-    """(bytes free for unprivileged writers, total bytes) of the file system of ``path``."""
-    st = os.statvfs(path)
+def _disk(where: Path | int) -> tuple[int, int]:
+    """(bytes free for unprivileged writers, total bytes) of the file system of ``where``, a
+    path or an open directory's descriptor (a round's handle: the disk the partition is on
+    even once Kafka renamed it). The one reading of free space: the pre-round check, the
+    in-round floor and the eviction all see the same figure."""
+    st = os.fstatvfs(where) if isinstance(where, int) else os.statvfs(where)
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
