@@ -77,13 +77,19 @@ def test_a_broker_starts_on_whatever_a_killed_clean_left(tmp_path: Path, line: s
     shutil.copytree(broker.log_dir, pristine)
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
-    probe = tmp_path / "probe"
-    shutil.copytree(pristine, probe)
+    # The kills are timed from a clean measured here: the faster of two, since the first run of
+    # a fresh clone's CLI pays for cold imports and caches (an inflated time made 12 of 20 kills
+    # land after the clean had finished, in a fresh-clone CI run).
     started = time.monotonic()
     assert subprocess.run([str(CLI), "--version"], capture_output=True, check=False).returncode == 0
     start_up = time.monotonic() - started
-    whole = _timed_clean(probe, policy)
-    shutil.rmtree(probe)
+    timings = []
+    for n in range(2):
+        probe = tmp_path / f"probe-{n}"
+        shutil.copytree(pristine, probe)
+        timings.append(_timed_clean(probe, policy))
+        shutil.rmtree(probe)
+    whole = min(timings)
 
     rng = random.Random(int(line.replace(".", "")))
     states: dict[str, int] = {}
