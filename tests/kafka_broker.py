@@ -328,6 +328,21 @@ class RealBroker:
         finally:
             consumer.close()
 
+    def partition_state(self, topic: str, partition: int = 0) -> dict:
+        """Leader and ISR of a partition, as the cluster's metadata says (Admin API)."""
+        from kafka.admin import KafkaAdminClient
+
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=10_000)
+        try:
+            (described,) = admin.describe_topics([topic])
+            # kafka-python names the index "partition_index" (3.x) or "partition" (older).
+            state = next(
+                p for p in described["partitions"] if p.get("partition_index", p.get("partition")) == partition
+            )
+            return {"leader": state["leader_id"], "isr": sorted(state["isr_nodes"])}
+        finally:
+            admin.close()
+
     def offsets(self, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
         """Per partition, (earliest, latest) offsets (ListOffsets)."""
         from kafka import KafkaConsumer, TopicPartition
@@ -347,3 +362,18 @@ def partition_files(log_dir: Path, topic: str) -> dict[str, dict[str, int]]:
     for pdir in sorted(log_dir.glob(f"{topic}-*")):
         out[pdir.name] = {e.name: e.stat().st_size for e in os.scandir(pdir) if e.is_file()}
     return out
+
+
+def wait_until(predicate, what: str, timeout_s: float = 120.0):  # type: ignore[no-untyped-def]
+    """``predicate()``'s first truthy value, polled until ``timeout_s``; a broker between
+    states answers with errors for a while, which count as not yet. Fails naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            if last := predicate():
+                return last
+        except Exception as e:
+            last = e
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")

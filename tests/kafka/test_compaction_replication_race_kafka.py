@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kafka_broker import EACH_KAFKA_LINE, RealBroker
+from kafka_broker import EACH_KAFKA_LINE, RealBroker, wait_until
 
 from cleaner.config import parse_policy_text
 from cleaner.where import DEFAULT_POLICY, where
@@ -36,31 +36,6 @@ TOPIC_CONFIGS = {
     "min.cleanable.dirty.ratio": "0.01",
     "segment.bytes": str(1 << 20),  # Kafka 4's smallest: the filler rolls segments
 }
-
-
-def _partition(broker: RealBroker) -> dict:
-    from kafka.admin import KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=10_000)
-    try:
-        (topic,) = admin.describe_topics([TOPIC])
-        (partition,) = topic["partitions"]
-        return {"leader": partition["leader_id"], "isr": sorted(partition["isr_nodes"])}
-    finally:
-        admin.close()
-
-
-def _wait(predicate, what: str, timeout_s: float = 120.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            if last := predicate():
-                return last
-        except Exception as e:  # a broker between states answers with errors for a while
-            last = e
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 def _filler(n: int, tag: int) -> list[tuple[int, bytes, bytes | None]]:
@@ -98,16 +73,16 @@ def test_deleted_data_reappears_on_a_replica_that_was_away_past_the_delete_horiz
             admin.create_topics([NewTopic(TOPIC, replica_assignments={0: [1, 2]}, topic_configs=TOPIC_CONFIGS)])
         finally:
             admin.close()
-        _wait(lambda: _partition(one) == {"leader": 1, "isr": [1, 2]}, "both replicas in sync")
+        wait_until(lambda: one.partition_state(TOPIC) == {"leader": 1, "isr": [1, 2]}, "both replicas in sync")
 
         # Both replicas hold the key's value.
         one.produce(TOPIC, [(0, KEY, b"date-of-birth:1990-01-01"), *_filler(50, 0)])
-        _wait(lambda: _records_of_key(two) == ["value"], "the value on broker 2's disk")
+        wait_until(lambda: _records_of_key(two) == ["value"], "the value on broker 2's disk")
 
         # Broker 2 is away. The key is deleted; broker 1's cleaner removes the value, then,
         # past the 1 s delete horizon and with more data to make the log dirty again, the tombstone.
         two.stop()
-        _wait(lambda: _partition(one)["isr"] == [1], "broker 2 out of the ISR")
+        wait_until(lambda: one.partition_state(TOPIC)["isr"] == [1], "broker 2 out of the ISR")
         one.produce(TOPIC, [(0, KEY, None), *_filler(1_500, 1)])
         tag = 2
 
@@ -119,18 +94,18 @@ def test_deleted_data_reappears_on_a_replica_that_was_away_past_the_delete_horiz
             tag += 1
             return False
 
-        _wait(gone_from_the_leader, "broker 1's cleaner to remove the key's value and tombstone")
+        wait_until(gone_from_the_leader, "broker 1's cleaner to remove the key's value and tombstone")
 
         # Broker 2 comes back, catches up from its own log end and rejoins the ISR: it still
         # holds the value, and nothing it fetched tells it the key was deleted.
         two.start()
-        _wait(lambda: _partition(one)["isr"] == [1, 2], "broker 2 back in the ISR")
+        wait_until(lambda: one.partition_state(TOPIC)["isr"] == [1, 2], "broker 2 back in the ISR")
         assert _records_of_key(two) == ["value"]
         assert one.consume(TOPIC, 1)[0].get(KEY, "absent") == "absent"  # the leader serves no record of it
 
         # Broker 2 leads: the deleted value is served again.
         one.stop()
-        _wait(lambda: _partition(two)["leader"] == 2, "broker 2 leading")
+        wait_until(lambda: two.partition_state(TOPIC)["leader"] == 2, "broker 2 leading")
         served = two.consume(TOPIC, 1)[0]
         assert served.get(KEY) == b"date-of-birth:1990-01-01", "the race did not reproduce"
         print(f"reproduced on Kafka {line} in {time.monotonic() - started:.0f} s")

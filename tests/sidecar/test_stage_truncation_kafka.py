@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kafka_broker import EACH_KAFKA_LINE, RealBroker
+from kafka_broker import EACH_KAFKA_LINE, RealBroker, wait_until
 from sidecar_helpers import new_sidecar, next_scan, status_of, write_policy
 
 from cleaner.clock import MockTime
@@ -41,32 +41,6 @@ def _records(tag: bytes, n: int, keys: int = 400) -> list[tuple[int, bytes, byte
 
 def _latest(*batches: list[tuple[int, bytes, bytes | None]]) -> dict[bytes, bytes | None]:
     return {key: value for batch in batches for _, key, value in batch}
-
-
-def _partition(broker: RealBroker) -> dict:
-    """Leader and ISR of the topic's partition, as the cluster's metadata says."""
-    from kafka.admin import KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=10_000)
-    try:
-        (topic,) = admin.describe_topics([TOPIC])
-        (partition,) = topic["partitions"]
-        return {"leader": partition["leader_id"], "isr": sorted(partition["isr_nodes"])}
-    finally:
-        admin.close()
-
-
-def _wait(predicate, what: str, timeout_s: float = 90.0):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            if last := predicate():
-                return last
-        except Exception as e:  # a broker between states answers with errors for a while
-            last = e
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 def _past_the_handover(log: str) -> list[str]:
@@ -100,7 +74,7 @@ def _elect_uncleanly(broker: RealBroker) -> str:
         out = broker.run_tool("org.apache.kafka.tools.LeaderElectionCommand", *args, check=False)
         return out if "Successfully completed leader election" in out else None
 
-    return _wait(elect, "an unclean election of broker 1")
+    return wait_until(elect, "an unclean election of broker 1")
 
 
 def test_a_set_staged_over_records_a_truncation_discards_is_deleted_at_the_gate(tmp_path: Path, line: str) -> None:
@@ -123,20 +97,20 @@ def test_a_set_staged_over_records_a_truncation_discards_is_deleted_at_the_gate(
             admin.create_topics([NewTopic(TOPIC, replica_assignments={0: [2, 1]}, topic_configs=configs)])
         finally:
             admin.close()
-        _wait(lambda: _partition(two) == {"leader": 2, "isr": [1, 2]}, "both replicas in sync")
+        wait_until(lambda: two.partition_state(TOPIC) == {"leader": 2, "isr": [1, 2]}, "both replicas in sync")
 
         # Both replicas take the first records; then broker 2 leads alone and takes records
         # broker 1 never sees, over several segments.
         shared = _records(b"shared", 1_500)
         two.produce(TOPIC, shared)
         one.stop()
-        _wait(lambda: _partition(two)["isr"] == [2], "broker 1 out of the ISR")
+        wait_until(lambda: two.partition_state(TOPIC)["isr"] == [2], "broker 1 out of the ISR")
         divergent = _records(b"divergent", 1_000)
         two.produce(TOPIC, divergent)
         # The sidecar stages only below the high watermark broker 2 has checkpointed
         # (replication-offset-checkpoint, every replica.high.watermark.checkpoint.interval.ms).
         hw_on_disk = LogDirectory(two.log_dir, read_only=True).high_watermarks
-        _wait(
+        wait_until(
             lambda: hw_on_disk().get(TopicPartition(TOPIC, 0), 0) >= len(shared) + len(divergent),
             "broker 2's checkpointed high watermark",
         )
@@ -149,7 +123,7 @@ def test_a_set_staged_over_records_a_truncation_discards_is_deleted_at_the_gate(
             topics=[{"match": TOPIC, "cleanupPolicy": "compact", "minCleanableDirtyRatio": 0.01}],
         )
         sc = new_sidecar(policy, [two.log_dir], MockTime(int(time.time() * 1000)), scan_ms=1_000)
-        staged = _wait(lambda: next_scan(sc) and stage.load(pdir), "a staged set on broker 2", timeout_s=60)
+        staged = wait_until(lambda: next_scan(sc) and stage.load(pdir), "a staged set on broker 2", timeout_s=60)
         assert staged.next_offset > len(shared), "the set must reach into the records the truncation discards"
 
         # Broker 2 stops answering: the controller fences it; broker 1 is back and elected
@@ -158,13 +132,13 @@ def test_a_set_staged_over_records_a_truncation_discards_is_deleted_at_the_gate(
         os.kill(two.proc.pid, signal.SIGSTOP)
         one.start()
         _elect_uncleanly(one)
-        _wait(lambda: _partition(one)["leader"] == 1, "broker 1 leading")
+        wait_until(lambda: one.partition_state(TOPIC)["leader"] == 1, "broker 1 leading")
         after = _records(b"after", 500, keys=200)
         one.produce(TOPIC, after)
 
         # Broker 2 resumes as a follower, and Kafka truncates its log to broker 1's.
         os.kill(two.proc.pid, signal.SIGCONT)
-        _wait(lambda: _partition(one)["isr"] == [1, 2], "broker 2 back in the ISR")
+        wait_until(lambda: one.partition_state(TOPIC)["isr"] == [1, 2], "broker 2 back in the ISR")
         assert "Truncat" in two.log_since_start(), two.log_tail()
         served = one.consume(TOPIC, 1)[0]
         assert served == _latest(shared, after)
@@ -182,13 +156,13 @@ def test_a_set_staged_over_records_a_truncation_discards_is_deleted_at_the_gate(
         )
         assert stage.load(pdir) is None
         two.start()
-        _wait(lambda: _partition(one)["isr"] == [1, 2], "broker 2 in sync again")
+        wait_until(lambda: one.partition_state(TOPIC)["isr"] == [1, 2], "broker 2 in sync again")
         assert two.problems([TOPIC]) == [], two.problems([TOPIC])
 
         # Broker 2 leads again and serves exactly what broker 1 served, at the same offsets.
         offsets = one.offsets(TOPIC, 1)
         one.stop()
-        _wait(lambda: _partition(two)["leader"] == 2, "broker 2 leading")
+        wait_until(lambda: two.partition_state(TOPIC)["leader"] == 2, "broker 2 leading")
         assert two.consume(TOPIC, 1)[0] == served
         assert two.offsets(TOPIC, 1) == offsets
         assert _past_the_handover(two.log_since_start()) == [], two.log_tail()
