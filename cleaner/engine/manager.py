@@ -408,9 +408,20 @@ class LogCleanerManager:
             break
         return HangingTransaction(pid, epoch, first, started)
 
+    @staticmethod
+    def _look_again_if_behind(managed: ManagedLog, checkpoint: int | None) -> None:
+        """A live broker's log is looked at before the cleaner checkpoint is read; in between
+        the broker may append, roll and have its own cleaner checkpoint the new active
+        segment's base. Such a checkpoint is above the log end offset seen, which Kafka
+        reads as a truncation (and cleans everything again): look at the log once more
+        before the checkpoint is judged."""
+        if checkpoint is not None and managed.log.read_only and checkpoint > managed.log.log_end_offset:
+            managed.log.refresh()
+
     def cleanable_offsets(self, managed: ManagedLog, checkpoint: int | None, now: int) -> OffsetsToClean:
         """KAFKA_NOTES §6.2-§6.3: the first dirty offset (with Kafka's reset rules) and the
         first offset that may not be cleaned (LSO, active segment, min compaction lag)."""
+        self._look_again_if_behind(managed, checkpoint)
         the_log = managed.log
         start = the_log.log_start_offset
         dirty = checkpoint if checkpoint is not None else start
@@ -583,6 +594,7 @@ class LogCleanerManager:
         return self._report_once(managed, checkpoint, now)
 
     def _report_once(self, managed: ManagedLog, checkpoint: int | None, now: int) -> PartitionReport:
+        self._look_again_if_behind(managed, checkpoint)
         tp = managed.topic_partition
         the_log = managed.log
         report = PartitionReport(

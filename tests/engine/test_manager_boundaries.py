@@ -12,8 +12,10 @@ rule flips (issue 16: mutants of these comparisons survived every other test).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import pytest
 from engine_helpers import BASE_TS, NOW, TP, LogWriter, clean_round
 
 from cleaner.clock import MockTime
@@ -120,3 +122,48 @@ def test_tombstones_removed_counts_the_tombstones_a_clean_removes(tmp_path: Path
     assert first.tombstones_removed == 0  # a tombstone first gets its delete horizon (KIP-534)
     _, second = clean_round(tmp_path / TP.dir_name, first_dirty=0, now=NOW + 1, delete_retention_ms=0)
     assert second.tombstones_removed == 2
+
+
+def test_a_checkpoint_newer_than_the_look_at_a_live_log_is_not_taken_for_a_truncation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Next to a running broker the log is looked at first and the cleaner checkpoint read
+    after; in between the broker can append, roll and have its own cleaner checkpoint the
+    new active segment's base. That checkpoint is above the log end offset seen, which is
+    Kafka's sign of a truncation (reset to the log start, clean everything again): a soak
+    beside a busy broker met it. The cleaner looks at the log again before believing it."""
+    w = LogWriter(tmp_path / TP.dir_name)
+    w.data([b"a", b"b"])  # 0, 1
+    w.roll()
+    w.data([b"a", b"b"])  # 2, 3: active segment
+    _high_watermark(tmp_path, 4)
+    manager = _manager(tmp_path)
+    managed = manager.logs()[TP]
+    assert managed.log.log_end_offset == 4  # the look
+    w.data([b"c", b"d"])  # 4, 5: the broker appends,
+    w.roll()  # rolls at 6,
+    w.close()
+    _high_watermark(tmp_path, 6)
+    OffsetCheckpointFile(tmp_path / CLEANER_OFFSET_CHECKPOINT).write({TP: 6})  # and its cleaner cleans to 6
+    with caplog.at_level(logging.WARNING):
+        (report,) = manager.report(NOW)
+        _, offsets, _ = manager.log_to_clean(managed, 6, NOW)
+    assert "larger than the log end offset" not in caplog.text
+    assert (report.first_dirty_offset, report.log_end_offset) == (6, 6)
+    assert (offsets.first_dirty_offset, offsets.force_update_checkpoint) == (6, False)
+
+
+def test_a_checkpoint_above_the_log_end_after_a_second_look_is_a_truncation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The other side: the broker truncated below the checkpoint (a follower's truncation,
+    an unclean leader election). Kafka resets the first dirty offset to the log start and
+    says so; so does the cleaner, after looking again."""
+    _three_segments(tmp_path, BASE_TS)
+    OffsetCheckpointFile(tmp_path / CLEANER_OFFSET_CHECKPOINT).write({TP: 9})
+    with caplog.at_level(logging.WARNING):
+        offsets = _offsets(tmp_path)
+    assert (offsets.first_dirty_offset, offsets.force_update_checkpoint) == (0, True)
+    assert "The last checkpoint dirty offset for partition topic-0 is 9, which is larger than the log end offset 5" in (
+        caplog.text
+    )
