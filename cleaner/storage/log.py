@@ -420,7 +420,12 @@ class Log:
             doomed = {s.base_offset for s in segments}
             remaining = [s for s in self._segments if s.base_offset not in doomed]
             if not remaining:
-                remaining = [self._new_segment(self.log_end_offset)]
+                # Kafka rolls first (``deleteSegments``), and its next retention check reads
+                # the new segment's largest timestamp, which materializes the lazy time
+                # index: an empty ``.timeindex`` beside the empty ``.log`` (no ``.index``).
+                rolled = self._new_segment(self.log_end_offset)
+                rolled.time_index.write_to(rolled.time_index_path)
+                remaining = [rolled]
             for seg in self._segments:
                 if seg.base_offset in doomed:
                     seg.change_suffix(DELETED_SUFFIX)
