@@ -606,6 +606,8 @@ def explain(
         and any(b.kind == "legacy" for b in batches)
     ):
         return "an empty legacy entry at a round's end (Kafka throws)"
+    if kafka_error and "Attempt to append to a full time index" in kafka_error:
+        return "a cleaned segment's time index past segment.index.bytes (Kafka throws)"
     a, b = logical_view(ours), logical_view(kafka)
     only_file_diffs = all(": bytes differ" in d for d in diffs)
     if version.startswith("3.") and any(x[2] < 2 for x in b) and not kafka_error:
