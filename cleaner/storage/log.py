@@ -195,13 +195,15 @@ class Log:
         return new
 
     def _new_segment(self, base_offset: int, suffix: str = "") -> LogSegment:
-        return LogSegment.create(
+        segment = LogSegment.create(
             self.dir,
             base_offset,
             suffix=suffix,
             index_interval_bytes=self.config.index_interval_bytes,
             max_index_size=self.config.segment_index_bytes,
         )
+        segment.lazy_time_index = not suffix
+        return segment
 
     def new_cleaned_segment(self, base_offset: int, *, source_bytes: int = 0) -> LogSegment:
         """An empty ``<base>.log.cleaned`` (stale files of that name are replaced).
@@ -420,12 +422,7 @@ class Log:
             doomed = {s.base_offset for s in segments}
             remaining = [s for s in self._segments if s.base_offset not in doomed]
             if not remaining:
-                # Kafka rolls first (``deleteSegments``), and its next retention check reads
-                # the new segment's largest timestamp, which materializes the lazy time
-                # index: an empty ``.timeindex`` beside the empty ``.log`` (no ``.index``).
-                rolled = self._new_segment(self.log_end_offset)
-                rolled.time_index.write_to(rolled.time_index_path)
-                remaining = [rolled]
+                remaining = [self._new_segment(self.log_end_offset)]
             for seg in self._segments:
                 if seg.base_offset in doomed:
                     seg.change_suffix(DELETED_SUFFIX)

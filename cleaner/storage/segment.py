@@ -236,6 +236,10 @@ class LogSegment:
         self._stamp: tuple[int, int] = (0, 0)  # ctime_ns, size at the last look
         self._max_ts_cache: tuple[int, int] | None = None
         self._first_batch_timestamp: int | None = None
+        # A segment a writable log rolled: Kafka's time index is lazy (``LazyIndex``), its
+        # file made on first use, which for an empty segment is retention reading its
+        # largest timestamp. ``largest_timestamp`` makes it then, as the broker would.
+        self.lazy_time_index = False
 
     # -- files --------------------------------------------------------------------------
     def path(self, kind: str) -> Path:
@@ -461,6 +465,10 @@ class LogSegment:
     @property
     def largest_timestamp(self) -> int:
         """Drives retention.ms and the compaction lags; falls back to the file's mtime."""
+        if self.lazy_time_index:
+            self.lazy_time_index = False
+            if not self.time_index_path.exists():
+                self.time_index.write_to(self.time_index_path)
         ts = self.max_timestamp_so_far
         return ts if ts >= 0 else self.last_modified_ms
 
