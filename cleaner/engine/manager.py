@@ -366,6 +366,7 @@ class LogCleanerManager:
                 now,
                 producer_id_expiration_ms=self.policy.cleaner.producer_id_expiration_ms,
                 had_clean_shutdown=managed.log_dir.had_clean_shutdown,
+                recovered_at_start=managed.log_dir.recovered_at_next_start,
             )
         self._producer_state[tp] = _ProducerStateCache(psm, shape, leo)
         high_watermark = managed.log_dir.high_watermarks().get(tp)

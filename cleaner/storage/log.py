@@ -549,10 +549,18 @@ class Log:
         *,
         producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
         had_clean_shutdown: bool = False,
+        recovered_at_start: bool = False,
     ) -> ProducerStateManager:
         """The broker's producer state at the log end offset (KAFKA_NOTES §3.3, §14 step 3):
         newest usable snapshot, then every batch after it replayed from headers (and the
-        marker record of control batches)."""
+        marker record of control batches).
+
+        ``recovered_at_start`` (a broker down after an unclean shutdown): the broker's
+        start-up recovers at least the active segment, takes a producer snapshot at its end
+        and loads the state back from it (``recoverSegment`` then ``truncateAndReload``), so
+        what the replay gave goes through a snapshot too: producers expired at ``now_ms``
+        are dropped and transactions completed above the high watermark are forgotten
+        (a snapshot holds neither)."""
         leo = self.log_end_offset
         psm = ProducerStateManager.load(
             self.dir,
@@ -567,6 +575,8 @@ class Log:
             for batches in self.iter_batches(psm.map_end_offset):
                 replay_batches(psm, batches)
         psm.update_map_end_offset(leo)
+        if recovered_at_start and self._segments:
+            psm.load_snapshot_entries(psm.to_snapshot_entries(), snapshot_offset=leo, now_ms=now_ms)
         return psm
 
     def iter_batches(self, start_offset: int = 0) -> Iterator[Batches]:

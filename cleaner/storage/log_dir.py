@@ -72,6 +72,15 @@ class LogDirectory:
     def had_clean_shutdown(self) -> bool:
         return (self.path / CLEAN_SHUTDOWN_FILE).exists()
 
+    @property
+    def recovered_at_next_start(self) -> bool:
+        """The broker is down and did not shut down cleanly: its next start recovers the
+        active segment, snapshots the producer state it replayed and loads it back
+        (``LogLoader``), which drops expired producers and forgets transactions completed
+        above the high watermark. Not while a broker holds the dir: a running broker keeps
+        what it replayed until its periodic expiration check."""
+        return not self.had_clean_shutdown and not self.is_locked_by_broker()
+
     def open_log(self, tp: TopicPartition, config: LogConfig, *, log_start_offset: int | None = None) -> Log:
         return Log.open(
             self.path / tp.dir_name,

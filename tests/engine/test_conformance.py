@@ -21,6 +21,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from broker_lock import BrokerLock
 from engine_helpers import (
     ABORT,
     ABORT_KEY,
@@ -50,8 +51,8 @@ from cleaner.engine.log_cleaner import LogCleaner
 from cleaner.engine.manager import LogCleanerManager
 from cleaner.records.compression import CompressionType
 from cleaner.storage.checkpoint import OffsetCheckpointFile
-from cleaner.storage.log import LogConfig
-from cleaner.storage.log_dir import LogDirectory
+from cleaner.storage.log import Log, LogConfig
+from cleaner.storage.log_dir import CLEAN_SHUTDOWN_FILE, LogDirectory
 from cleaner.storage.producer_state import ActiveProducer
 from cleaner.storage.topic_partition import TopicPartition
 
@@ -1760,21 +1761,60 @@ def test_dirty_ratio_must_exceed_the_minimum(tmp_path: Path) -> None:
         assert (manager.grab_filthiest_compacted_log(NOW) is not None) is eligible
 
 
-def test_manager_keeps_the_last_batch_of_an_active_producer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("clean_shutdown_marker", [False, True])
+def test_manager_keeps_the_last_batch_of_an_active_producer(tmp_path: Path, clean_shutdown_marker: bool) -> None:
     """§14 step 3 with §9.6: the producer state the manager rebuilds from the log (no
-    snapshot: every replayed producer is active) makes the producer's last batch stay as
-    an empty header."""
+    snapshot) makes an unexpired producer's last batch stay as an empty header."""
     root = _log_dir(tmp_path)
     d = root / "topic-0"
     w = LogWriter(d)
-    w.data([b"a"], pid=9, epoch=2)  # 0
+    w.data([b"a"], pid=9, epoch=2, timestamps=[NOW - DAY + 1])  # 0: younger than producer.id.expiration.ms
+    w.data([b"a"])  # 1
+    w.roll()
+    w.data([b"z"])
+    w.close()
+    _set_high_watermark(root, TP, _leo(d))
+    if clean_shutdown_marker:
+        # With the marker and a snapshot, the broker starts from the snapshot: write Kafka's.
+        (root / CLEAN_SHUTDOWN_FILE).touch()
+        Log.open(d, LogConfig()).load_producer_state(NOW).write_snapshot(d, _leo(d))
+    _run(root, _policy())
+    assert layout(d)[0] == [E(0, 0, pid=9, epoch=2, seq=0), D(1, 1, kv(1, b"a"))]
+
+
+def test_an_expired_producer_is_forgotten_by_the_start_after_an_unclean_shutdown(tmp_path: Path) -> None:
+    """A broker down without a clean shutdown recovers the active segment at its next start
+    and loads the producer state back through the snapshot it takes (``LogLoader``): a
+    producer expired by then is dropped, and its last batch goes with its records, as both
+    Kafka lines do (randomized differential, seed 13). While a broker holds the log dir the
+    replayed state is what it has: the producer stays active (next test)."""
+    root = _log_dir(tmp_path)
+    d = root / "topic-0"
+    w = LogWriter(d)
+    w.data([b"a"], pid=9, epoch=2, timestamps=[NOW - DAY])  # 0: exactly producer.id.expiration.ms old
     w.data([b"a"])  # 1
     w.roll()
     w.data([b"z"])
     w.close()
     _set_high_watermark(root, TP, _leo(d))
     _run(root, _policy())
-    assert layout(d)[0] == [E(0, 0, pid=9, epoch=2, seq=0), D(1, 1, kv(1, b"a"))]
+    assert layout(d)[0] == [D(1, 1, kv(1, b"a"))]
+
+
+def test_a_running_broker_keeps_an_expired_producer_until_its_expiration_check(tmp_path: Path) -> None:
+    root = _log_dir(tmp_path)
+    d = root / "topic-0"
+    w = LogWriter(d)
+    w.data([b"a"], pid=9, epoch=2, timestamps=[NOW - DAY])
+    w.data([b"a"])
+    w.close()
+    with BrokerLock(root):
+        manager = LogCleanerManager([LogDirectory(root, read_only=True)], _policy(), MockTime(NOW))
+        active, _ = manager._producer_facts(manager.logs()[TP], NOW)
+    assert list(active) == [9]
+    manager = LogCleanerManager([LogDirectory(root, read_only=True)], _policy(), MockTime(NOW))
+    active, _ = manager._producer_facts(manager.logs()[TP], NOW)
+    assert active == {}
 
 
 def test_round_ends_where_offsets_no_longer_fit_the_map(partition_dir: Path) -> None:
