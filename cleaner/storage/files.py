@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+from cleaner.errors import FileChangedError
 from cleaner.storage import ownership, page_cache
 
 PathLike = str | os.PathLike[str]
@@ -135,6 +136,31 @@ def write_file(path: PathLike, data: bytes | bytearray | memoryview, *, fsync: b
             os.close(fd)
     except BaseException:
         remove(path)
+        raise
+
+
+def copy_file(src: PathLike, dst: PathLike) -> None:
+    """``dst`` (created or truncated) with ``src``'s bytes and mtime, fsynced: a copy the
+    broker owns (``ownership.open_for_broker``), made by the kernel (``sendfile``, which
+    crosses file systems; no buffer of ours). A failure removes the partial copy and re-raises."""
+    fd, _ = ownership.open_for_broker(dst, os.O_WRONLY | os.O_TRUNC)
+    try:
+        try:
+            with open(src, "rb") as source:
+                size = os.fstat(source.fileno()).st_size
+                copied = 0
+                while copied < size:
+                    n = os.sendfile(fd, source.fileno(), copied, size - copied)
+                    if n == 0:
+                        raise FileChangedError(src, f"{size} bytes at first, {copied} when copied")
+                    copied += n
+                mtime_ns = os.fstat(source.fileno()).st_mtime_ns
+            os.utime(fd, ns=(mtime_ns, mtime_ns))
+            fsync_file(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        remove(dst)
         raise
 
 

@@ -11,7 +11,6 @@ in ``Log.replace_segments`` (KAFKA_NOTES §9.10).
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -41,14 +40,13 @@ def staged_segments(directory: Path, bases: Iterable[int] | None = None) -> list
 
 def link_or_copy(src: Path, dst: Path) -> None:
     """``dst`` with ``src``'s bytes and mtime: a hard link where possible (same file
-    system; the staged file is never written again), else a copy, fsynced."""
+    system; the staged file is never written again), else a copy the broker owns, fsynced."""
     files.remove(dst)
     try:
         files.link(src, dst)
     except OSError:
         tmp = dst.with_name(dst.name + files.TMP_SUFFIX)
-        shutil.copy2(src, tmp)
-        files.fsync_file(tmp)
+        files.copy_file(src, tmp)
         files.rename(tmp, dst)
 
 

@@ -28,6 +28,7 @@ from cleaner.errors import KafkaCleanerError
 from cleaner.generate import GeneratorConfig, generate
 from cleaner.storage import files
 from cleaner.storage.lock import LogDirLock, is_locked_by_other_process
+from cleaner.storage.staged import link_or_copy
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run code as the broker's and other uids")
 
@@ -280,3 +281,28 @@ def test_release_never_deletes_a_lock_file(tmp_path: Path, how: str) -> None:
     assert not is_locked_by_other_process(tmp_path)
     with LogDirLock(tmp_path):
         assert (tmp_path / ".lock").stat().st_ino == inode
+
+
+def test_a_staged_file_copied_across_file_systems_is_the_brokers(shared: Path) -> None:
+    """``staged.link_or_copy`` hard-links a staged segment into the partition; where it
+    cannot (the stage on another file system: here a real tmpfs, ``/dev/shm``) it copies, and
+    the copy must be the broker's like the link would be, with the staged file's bytes and
+    mtime. A root-owned copy renamed into place is a segment the broker cannot open."""
+    d = _log_dir(shared)
+    partition = d / "t-0"
+    partition.mkdir()
+    os.chown(partition, BROKER, BROKER)
+    stage = Path(tempfile.mkdtemp(prefix="kafka-cleaner-stage-", dir="/dev/shm"))
+    try:
+        src = stage / "00000000000000000000.log"
+        src.write_bytes(b"segment bytes")
+        os.utime(src, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
+        assert os.stat(src).st_dev != os.stat(partition).st_dev
+        dst = partition / "00000000000000000000.log.cleaned"
+        link_or_copy(src, dst)
+        assert dst.read_bytes() == b"segment bytes"
+        assert dst.stat().st_mtime_ns == 1_600_000_000_000_000_000
+        assert _owners(partition) == {dst.name: (BROKER, BROKER, "0o644")}
+        assert _broker_opens([dst]) == {}
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
