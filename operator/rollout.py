@@ -521,10 +521,18 @@ def how_to_roll(workload: Workload, pod: str, sts: Mapping[str, Any] | None) -> 
     if workload.kind == STRIMZI_PODSET:
         return f"kubectl annotate pod -n {ns} {pod} {STRIMZI_MANUAL_ROLLING_UPDATE}=true"
     strategy = ((sts or {}).get("spec") or {}).get("updateStrategy") or {}
-    partition = (strategy.get("rollingUpdate") or {}).get("partition")
-    tail = pod.rsplit("-", 1)[-1]
+    partition = int((strategy.get("rollingUpdate") or {}).get("partition") or 0)
+    head, _, tail = pod.rpartition("-")
     if strategy.get("type", "RollingUpdate") == "RollingUpdate" and partition and tail.isdigit():
-        patch = json.dumps({"spec": {"updateStrategy": {"rollingUpdate": {"partition": int(tail)}}}},
+        # A partition P rolls every ordinal from P up: lowered to just below the current one,
+        # it rolls exactly one broker. Lower, it would take several down at once.
+        ordinal = int(tail)
+        if ordinal >= partition:
+            return f"the StatefulSet controller rolls it (partition {partition} is at or below its ordinal)"
+        if ordinal < partition - 1:
+            return (f"roll {head}-{partition - 1} first, one ordinal at a time from the highest: a partition of "
+                    f"{ordinal} now would roll {partition - ordinal} brokers at once")
+        patch = json.dumps({"spec": {"updateStrategy": {"rollingUpdate": {"partition": ordinal}}}},
                            separators=(",", ":"))
         return f"kubectl patch statefulset -n {ns} {workload.name} --type merge -p '{patch}'"
     return f"kubectl delete pod -n {ns} {pod}"

@@ -255,6 +255,9 @@ def test_manual_restarts_nothing_names_the_pending_pods_and_pins_the_image(clust
         assert rollout["pendingPods"][1]["roll"] == (
             "kubectl patch statefulset -n rollout broker --type merge -p "
             "'{\"spec\":{\"updateStrategy\":{\"rollingUpdate\":{\"partition\":1}}}}'")
+        assert rollout["pendingPods"][0]["roll"] == (  # never a partition 0 that rolls both at once
+            "roll broker-1 first, one ordinal at a time from the highest: a partition of 0 now would roll 2 brokers "
+            "at once")
         reconciling = cluster.condition("manual", "Reconciling")
         assert (reconciling["status"], reconciling["reason"]) == ("False", "AwaitingManualRollout")
         assert "rollout.strategy Manual" in reconciling["message"]

@@ -133,9 +133,19 @@ def test_expected_pods_and_how_to_roll() -> None:
     assert expected_pod_names(workload, sts(replicas=2)) == ["kafka-0", "kafka-1"]
     assert expected_pod_names(workload, {"spec": {"replicas": 2, "ordinals": {"start": 3}}}) == ["kafka-3", "kafka-4"]
     held = jsonpatch.apply_patch(sts(), hold_ops(sts(), RolloutStrategy.MANUAL))
+    assert held["spec"]["updateStrategy"]["rollingUpdate"]["partition"] == 3
     assert how_to_roll(workload, "kafka-2", held) == (
         "kubectl patch statefulset -n brokers kafka --type merge -p "
         "'{\"spec\":{\"updateStrategy\":{\"rollingUpdate\":{\"partition\":2}}}}'")
+    # Never a partition that takes more than one broker down: kafka-0's own patch (partition 0)
+    # would roll kafka-0, kafka-1 and kafka-2 at once.
+    assert how_to_roll(workload, "kafka-0", held) == (
+        "roll kafka-2 first, one ordinal at a time from the highest: a partition of 0 now would roll 3 brokers at once")
+    lowered = jsonpatch.apply_patch(held, [{"op": "replace", "path": "/spec/updateStrategy/rollingUpdate/partition",
+                                            "value": 1}])
+    assert "\"partition\":0" in how_to_roll(workload, "kafka-0", lowered)  # the last one: rolls kafka-0 alone
+    assert how_to_roll(workload, "kafka-2", lowered) == (
+        "the StatefulSet controller rolls it (partition 1 is at or below its ordinal)")
     assert how_to_roll(workload, "kafka-2", sts({"type": "OnDelete"})) == "kubectl delete pod -n brokers kafka-2"
     strimzi = Workload("StrimziPodSet", "my-cluster-kafka", "kafka")
     assert expected_pod_names(strimzi, {"spec": {"pods": [{"metadata": {"name": "my-cluster-kafka-0"}}]}}) == [
