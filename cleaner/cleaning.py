@@ -270,7 +270,19 @@ def _look(
                 # What the cleaner will meet when it reads this segment: said now, with its cause.
                 report.eligible, report.reason, report.uncleanable_reason = False, "uncleanable", damage
             estimate = _next_clean(managed, report, policy, next_clean, now, throttle) if next_clean else None
-            replica = replica_facts(managed.log, report) if replicas and report.compacted else None
+            replica = (
+                replica_facts(
+                    managed.log,
+                    report,
+                    cluster=manager.cluster_metadata,
+                    broker_id=manager.broker_id,
+                    now_ms=now,
+                    delete_retention_ms=managed.rule.delete_retention_ms,
+                    throttle=throttle,
+                )
+                if replicas and report.compacted
+                else None
+            )
         except ThreadShutdownError:
             raise
         except FileChangedError as e:

@@ -25,6 +25,26 @@ which is safe). Two probes per partition: the last batch below the high watermar
 batch at or after the high watermark rounded down to a multiple of :data:`PROBE_ALIGNMENT`,
 an offset every replica within that many offsets of the others picks alike, so a follower a
 little behind still has a probe the leader has too.
+
+The replication race (issue 24, item 2). Each broker's cleaner removes a tombstone or a
+transaction marker on its own replica once the batch's delete horizon has passed (Kafka's
+``LogCleaner``: ``MemoryRecords.filterTo`` stores ``deleteHorizonMs = clean time +
+delete.retention.ms`` in a batch holding tombstones, or the marker of a transaction whose data
+is gone, the first time it is cleaned; a later clean drops them once the horizon is past). A
+replica out of the ISR, or offline, longer than that never receives what was removed above its
+log end offset. So each replica reports, for a partition its ``__cluster_metadata`` shows with a
+replica out of sync: its broker id, the ISR and the replicas out of it since when
+(:class:`~cleaner.storage.cluster_metadata.Replication`), and :class:`Removal` points: the
+earliest time any cleaner may remove a tombstone or marker it holds at or above an offset. The
+earliest time is the batch's stored horizon when it has one, else no earlier than the next
+clean's time + ``delete.retention.ms``, whose lower bound is now + ``delete.retention.ms``
+(raising the topic's ``delete.retention.ms`` therefore moves only the batches not cleaned yet).
+Approximations, each on the early side (a warning too soon, never too late): a batch with a
+stored horizon counts as holding a tombstone even if its tombstones are gone (Kafka keeps the
+horizon on a rewritten batch), and a marker's removal also waits for its transaction's data,
+which is not modelled. Legacy (magic 0/1) batches are not looked at. The read walks the
+partition's batches (throttled like the scan) only while a replica is out of sync: a cluster in
+sync costs nothing and reports no removals.
 """
 
 from __future__ import annotations
@@ -32,16 +52,21 @@ from __future__ import annotations
 import logging
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from cleaner.engine.manager import PartitionReport
 from cleaner.errors import FileChangedError, KafkaCleanerError
 from cleaner.records.batch import LOG_OVERHEAD
+from cleaner.records.columns import decode_records
+from cleaner.storage.cluster_metadata import ClusterMetadata, Replication
 from cleaner.storage.log import Log
 from cleaner.storage.segment import open_for_read
 
-__all__ = ["PROBE_ALIGNMENT", "BatchProbe", "ReplicaFacts", "replica_facts"]
+__all__ = ["MAX_REMOVALS", "PROBE_ALIGNMENT", "BatchProbe", "Removal", "ReplicaFacts", "removals", "replica_facts"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +80,22 @@ _INDEX_ENTRY = struct.Struct(">ii")
 #: Batch headers walked from an index entry before giving up (a missing index: from the
 #: segment's start).
 _MAX_WALK = 4096
+#: Removal points a partition reports at most (the memory of the walk, too): past it, the two
+#: points closest in time merge, keeping the earlier time (so the answer errs early).
+MAX_REMOVALS = 8
+
+
+@dataclass(frozen=True)
+class Removal:
+    """A tombstone or transaction marker at ``offset`` that a cleaner may remove from
+    ``removable_at_ms`` on; the points of a replica are in offset order with rising times, so
+    the earliest removal at or above any offset X is the time of the first point at or above X."""
+
+    offset: int
+    removable_at_ms: int
+
+    def as_status(self) -> list[int]:
+        return [self.offset, self.removable_at_ms]
 
 
 @dataclass(frozen=True)
@@ -83,9 +124,15 @@ class ReplicaFacts:
     probe_error: KafkaCleanerError | OSError | None = None
     """Why there are no probes this time (a file the broker changed under the read, most
     often); not in ``/status``: the next scan probes again."""
+    broker_id: int | None = None
+    """This replica's broker (``meta.properties``' node.id), when known."""
+    replication: Replication | None = None
+    """The partition's replication from ``__cluster_metadata`` on this disk, when known."""
+    removals: tuple[Removal, ...] = ()
+    """Only while a replica is out of sync (module doc)."""
 
     def as_status(self, topic: str, partition: int) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "topic": topic,
             "partition": partition,
             "logStartOffset": self.log_start_offset,
@@ -97,6 +144,17 @@ class ReplicaFacts:
             "minCleanableRatio": self.min_cleanable_ratio,
             "batches": [p.as_status() for p in self.probes],
         }
+        if self.broker_id is not None:
+            out["brokerId"] = self.broker_id
+        if self.replication is not None and self.replication.out_of_sync:
+            r = self.replication
+            out["replication"] = {
+                "leader": r.leader,
+                "isr": list(r.isr),
+                "outOfSync": [{"broker": o.broker, "sinceMs": o.since_ms, "offline": o.offline} for o in r.out_of_sync],
+            }
+            out["removals"] = [x.as_status() for x in self.removals]
+        return out
 
 
 def probe_offsets(first_dirty_offset: int, high_watermark: int) -> list[int]:
@@ -107,27 +165,46 @@ def probe_offsets(first_dirty_offset: int, high_watermark: int) -> list[int]:
     return sorted({o for o in (last, aligned) if first_dirty_offset <= o < high_watermark})
 
 
-def replica_facts(partition_log: Log, report: PartitionReport) -> ReplicaFacts:
+def replica_facts(
+    partition_log: Log,
+    report: PartitionReport,
+    *,
+    cluster: ClusterMetadata | None = None,
+    broker_id: int | None = None,
+    now_ms: int = 0,
+    delete_retention_ms: int = 86_400_000,
+    throttle: Callable[[int], None] | None = None,
+    max_removals: int = MAX_REMOVALS,
+) -> ReplicaFacts:
     """The replica's facts from the scan's report and a few hundred bytes read for the probes
     (a live broker may roll, trim or delete a segment under them: then no probes and
-    ``probe_error`` says why, the rest stands). Anything else raised is a bug: the caller's."""
+    ``probe_error`` says why, the rest stands). With ``cluster`` (the metadata on this disk),
+    also the partition's replication, and while a replica is out of sync the :class:`Removal`
+    points (``removals``: the partition's batches read, through ``throttle``). Anything else
+    raised is a bug: the caller's."""
     dirty = max(report.size_bytes - report.clean_bytes, 0)
     probes: list[BatchProbe] = []
     error: KafkaCleanerError | OSError | None = None
     hw = report.high_watermark
-    if hw is not None:
-        upper = min(hw, report.log_end_offset)
-        try:
+    tp = report.topic_partition
+    replication = cluster.replication(tp.topic, tp.partition) if cluster is not None else None
+    points: list[Removal] = []
+    try:
+        if hw is not None:
+            upper = min(hw, report.log_end_offset)
             for offset in probe_offsets(report.first_dirty_offset, upper):
                 probe = _batch_at(partition_log, offset)
                 if probe is not None and probe.last_offset < upper and probe not in probes:
                     probes.append(probe)
-        except (KafkaCleanerError, OSError) as e:
-            # A file the broker renamed away or changed under the probe is no fault (the next
-            # scan probes the files as they are then); anything else is worth a warning.
-            level = logging.INFO if isinstance(e, FileChangedError) else logging.WARNING
-            log.log(level, "cannot probe %s: %s", report.topic_partition, e)
-            probes, error = [], e
+        if cluster is not None and replication is not None and replication.out_of_sync:
+            retention = _earliest_retention_ms(cluster, tp.topic, broker_id, delete_retention_ms)
+            points = removals(partition_log, now_ms + retention, throttle, max_removals)
+    except (KafkaCleanerError, OSError) as e:
+        # A file the broker renamed away or changed under the probe is no fault (the next
+        # scan probes the files as they are then); anything else is worth a warning.
+        level = logging.INFO if isinstance(e, FileChangedError) else logging.WARNING
+        log.log(level, "cannot probe %s: %s", report.topic_partition, e)
+        probes, points, error = [], [], e
     return ReplicaFacts(
         log_start_offset=report.log_start_offset,
         log_end_offset=report.log_end_offset,
@@ -138,7 +215,70 @@ def replica_facts(partition_log: Log, report: PartitionReport) -> ReplicaFacts:
         probes=tuple(probes),
         min_cleanable_ratio=report.min_cleanable_ratio,
         probe_error=error,
+        broker_id=broker_id,
+        replication=replication,
+        removals=tuple(points),
     )
+
+
+def _earliest_retention_ms(cluster: ClusterMetadata, topic: str, broker_id: int | None, ours: int) -> int:
+    """The shortest ``delete.retention.ms`` a cleaner of this partition may use: kafka-cleaner's
+    (``ours``, which never goes below the cluster's) or Kafka's own, the topic's config in the
+    metadata (a static ``server.properties`` default is invisible on disk)."""
+    known = cluster.topic(topic, broker_id).get("delete.retention.ms")
+    try:
+        return min(ours, int(known.value)) if known is not None else ours
+    except ValueError:
+        return ours
+
+
+def removals(
+    partition_log: Log,
+    dirty_removable_at_ms: int,
+    throttle: Callable[[int], None] | None = None,
+    max_removals: int = MAX_REMOVALS,
+) -> list[Removal]:
+    """The suffix minima of (offset, earliest removal) over the log's tombstones and markers
+    (module doc), at most ``max_removals`` of them. ``dirty_removable_at_ms``: the earliest a
+    batch without a stored horizon can lose one (now + ``delete.retention.ms``).
+
+    Batches with a stored horizon and control batches are told apart by their header; only a
+    data batch without a horizon is decoded, to see whether it holds a tombstone."""
+    points: list[Removal] = []
+    for batches in partition_log.iter_batches(partition_log.log_start_offset):
+        if throttle is not None:
+            throttle(int(batches.sizes.sum()))
+        v2 = batches.select(batches.is_v2)
+        if not len(v2):
+            continue
+        candidates = v2.has_delete_horizon | v2.is_control
+        plain = np.flatnonzero(~candidates)
+        if len(plain):
+            plain_batches = v2.select(~candidates)
+            columns = decode_records(plain_batches)
+            with_tombstones = np.zeros(len(plain_batches), dtype=bool)
+            with_tombstones[columns.batch[columns.is_tombstone]] = True
+            candidates = candidates.copy()
+            candidates[plain[with_tombstones]] = True
+        for i in np.flatnonzero(candidates).tolist():
+            at = int(v2.headers["base_timestamp"][i]) if v2.has_delete_horizon[i] else dirty_removable_at_ms
+            _push(points, Removal(int(v2.last_offsets[i]), at), max_removals)
+    return points
+
+
+def _push(points: list[Removal], point: Removal, max_removals: int) -> None:
+    """Add a later offset's point: those at or after its time are no suffix minima any more;
+    past ``max_removals``, the two closest in time merge into the later offset with the earlier
+    time (an answer that errs early, never late)."""
+    while points and points[-1].removable_at_ms >= point.removable_at_ms:
+        points.pop()
+    points.append(point)
+    if len(points) > max(max_removals, 1):
+        if max_removals <= 1:
+            points[:] = [Removal(points[-1].offset, points[0].removable_at_ms)]
+            return
+        i = min(range(len(points) - 1), key=lambda j: points[j + 1].removable_at_ms - points[j].removable_at_ms)
+        points[i : i + 2] = [Removal(points[i + 1].offset, points[i].removable_at_ms)]
 
 
 def _batch_at(partition_log: Log, offset: int) -> BatchProbe | None:

@@ -24,6 +24,13 @@ ran; the comparison flags only what those do not explain:
     and named). A working cleaner cleans once the ratio passes the threshold, so its dirty
     section stays about the size of its clean section, itself about the size of another
     replica's compacted log: twice that is not waiting, it is not cleaning.
+
+The replication race (issue 24, item 2; :func:`replication_race_risks`): a replica out of the
+ISR or offline never receives a tombstone or transaction marker that the others' cleaners
+removed meanwhile. For each replica some sidecar's ``__cluster_metadata`` shows out of sync,
+the earliest time any other replica may remove a tombstone or marker above that replica's log
+end offset (as its own sidecar reported it; a replica that did not report the partition is
+taken to hold nothing, the worst case), from the other replicas' ``removals`` points.
 """
 
 from __future__ import annotations
@@ -36,13 +43,25 @@ from typing import Any
 
 from cleaner.output import binary_bytes
 
-__all__ = ["CLEAN_SKEW", "KINDS", "LOG_START_SKEW", "MAX_DIVERGING", "Divergence", "diverging_partitions"]
+__all__ = [
+    "CLEAN_SKEW",
+    "KINDS",
+    "LOG_START_SKEW",
+    "MAX_DIVERGING",
+    "MAX_RACE_RISKS",
+    "Divergence",
+    "RaceRisk",
+    "diverging_partitions",
+    "replication_race_risks",
+]
 
 LOG_START_SKEW = 0.25
 CLEAN_SKEW = 2.0
 #: status.divergingPartitions holds at most this many entries (the CRD's maxItems).
 MAX_DIVERGING = 50
 KINDS = ("divergentBatch", "logStartSkew", "cleanSkew")
+#: Race risks kept (the tightest first): the bound of the seconds-left gauge's label sets.
+MAX_RACE_RISKS = 50
 _MAX_DETAIL = 256
 
 
@@ -143,3 +162,67 @@ def _clean(a: str, ra: Mapping[str, Any], b: str, rb: Mapping[str, Any]) -> tupl
                     f"on {behind} dead?", (behind,))
     return "cleanSkew", None, ()
 
+
+
+@dataclasses.dataclass(frozen=True)
+class RaceRisk:
+    """A replica out of sync and the first tombstone or marker above its log end offset that
+    another replica's cleaner may remove: past ``removable_at_ms`` it may never receive it."""
+
+    topic: str
+    partition: int
+    broker: int
+    """The lagging replica's broker id."""
+    pod: str | None
+    """Its sidecar's pod, when it reported the partition."""
+    offline: bool
+    since_ms: int
+    log_end_offset: int | None
+    """As its sidecar last reported it; None: unknown (every offset counts as unreplicated)."""
+    offset: int
+    removable_at_ms: int
+    holders: tuple[str, ...]
+    """The pods whose cleaners may remove it first."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    def seconds_left(self, now_ms: int) -> float:
+        return (self.removable_at_ms - now_ms) / 1000.0
+
+
+def replication_race_risks(reports: Mapping[str, Mapping[str, Any]]) -> list[RaceRisk]:
+    """Every replica out of sync with a tombstone or marker it has not replicated, that any
+    other replica may remove, the soonest first (at most :data:`MAX_RACE_RISKS`). A partition
+    whose replicas all report it in sync gives none, whatever their removals say."""
+    by_partition: dict[tuple[str, int], dict[str, Mapping[str, Any]]] = {}
+    for pod, report in sorted(reports.items()):
+        for entry in (report.get("replicas") or {}).get("partitions") or []:
+            by_partition.setdefault((entry["topic"], entry["partition"]), {})[pod] = entry
+    found: list[RaceRisk] = []
+    for (topic, partition), replicas in sorted(by_partition.items()):
+        lagging: dict[int, tuple[int, bool]] = {}
+        for entry in replicas.values():
+            for out in (entry.get("replication") or {}).get("outOfSync") or []:
+                since, offline = lagging.get(out["broker"], (out["sinceMs"], False))
+                lagging[out["broker"]] = (min(since, out["sinceMs"]), offline or out["offline"])
+        for broker, (since, offline) in sorted(lagging.items()):
+            own = next(((pod, e) for pod, e in replicas.items() if e.get("brokerId") == broker), None)
+            leo = own[1]["logEndOffset"] if own is not None else None
+            first: tuple[int, int, list[str]] | None = None
+            for pod, entry in replicas.items():
+                if own is not None and pod == own[0]:
+                    continue
+                for offset, at in entry.get("removals") or []:
+                    if leo is not None and offset < leo:
+                        continue
+                    if first is None or at < first[1]:
+                        first = (offset, at, [pod])
+                    elif at == first[1] and pod not in first[2]:
+                        first[2].append(pod)
+                    break  # the first point at or above the log end offset is the earliest
+            if first is not None:
+                found.append(RaceRisk(topic, partition, broker, own[0] if own is not None else None, offline, since,
+                                      leo, first[0], first[1], tuple(first[2])))
+    return sorted(found, key=lambda r: (r.removable_at_ms, r.topic, r.partition, r.broker))[:MAX_RACE_RISKS]

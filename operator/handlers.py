@@ -90,6 +90,8 @@ from compaction_operator.status import (
     Scrape,
     build_status,
     format_time,
+    race_risk_events,
+    race_risks,
     status_patch,
     status_to_write,
 )
@@ -392,6 +394,14 @@ class Operator:
             new["rollout"] = rollout
         await self._write_status(state, namespace, name, previous, new)
         self._announce(body, previous, new, logger)
+        if scrapes is not None:  # the replication race (issue 24): gauge and Events from this round's reports
+            risks = race_risks(scrapes)
+            now = self.now()
+            now_ms = int(now.timestamp() * 1000)
+            metrics.set_race_risks(namespace, name, {(r.topic, r.partition, r.broker): r.seconds_left(now_ms)
+                                                     for r in risks})
+            for type_, reason, message in race_risk_events(previous, new, risks, now):
+                kopf.event(body, type=type_, reason=reason, message=message)
         summary = new["summary"]
         metrics.BROKERS_EXPECTED.labels(namespace, name).set(summary["brokersExpected"])
         metrics.BROKERS_REPORTING.labels(namespace, name).set(summary["brokersReporting"])

@@ -3,7 +3,9 @@
 Metric names start with ``kafka_cleaner_operator_`` (the sidecars' own are
 ``kafka_cleaner_*``). They live in a registry of their own, created once per process, so the
 operator can be started more than once in one process (tests) without duplicate registrations.
-Labels are bounded: namespace and policy, plus pod only on scrape failures (a policy's brokers).
+Labels are bounded: namespace and policy, plus pod only on scrape failures (a policy's brokers),
+and topic, partition and broker on the replication race gauge (at most
+``divergence.MAX_RACE_RISKS`` per policy, removed once a replica is no longer at risk).
 
 The server answers ``/metrics``, ``/healthz`` (the process is alive) and ``/readyz`` (kopf runs
 and, with the webhook enabled, the webhook can answer: main.is_ready).
@@ -14,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -27,6 +29,7 @@ __all__ = [
     "RECONCILE_ERRORS",
     "RECONCILIATIONS",
     "REGISTRY",
+    "REPLICATION_RACE_SECONDS_LEFT",
     "ROLLOUT_PENDING_PODS",
     "ROLLOUT_STALLED",
     "SCRAPE_FAILURES",
@@ -36,6 +39,7 @@ __all__ = [
     "WEBHOOK_INJECTIONS",
     "HttpServer",
     "forget_policy",
+    "set_race_risks",
     "start_http_server",
 ]
 
@@ -61,6 +65,12 @@ STALE_BROKERS = Gauge(_P + "stale_brokers", "Target pods whose sidecar has not r
 DIVERGING_PARTITIONS = Gauge(_P + "diverging_partitions", "Partitions whose replicas diverge beyond what their "
                              "dirty sections explain (status.divergingPartitions).", ["namespace", "policy"],
                              registry=REGISTRY)
+REPLICATION_RACE_SECONDS_LEFT = Gauge(
+    _P + "replication_race_seconds_left", "Seconds until another replica's cleaner may remove a tombstone or "
+    "transaction marker that this replica, out of the ISR or offline, has not replicated (negative: it may "
+    "already be gone). Only replicas at risk have a series.", ["namespace", "policy", "topic", "partition", "broker"],
+    registry=REGISTRY)
+_race_series: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
 WEBHOOK_FAILURES = Counter(_P + "webhook_failures", "Pod admissions the webhook failed open on (admitted unchanged).",
                            registry=REGISTRY)
 WEBHOOK_INJECTIONS = Counter(_P + "webhook_injections", "Pods the admission webhook injected the sidecar into.",
@@ -84,6 +94,20 @@ def forget_policy(namespace: str, policy: str) -> None:
                   ROLLOUT_PENDING_PODS, SIDECAR_FAILING_PODS):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, policy)
+    set_race_risks(namespace, policy, {})
+
+
+def set_race_risks(namespace: str, policy: str, seconds_left: Mapping[tuple[str, int, int], float]) -> None:
+    """The policy's replication race gauge: one series per (topic, partition, broker) at risk
+    (``status.race_risks``), the series of replicas no longer at risk removed."""
+    wanted = {(topic, str(partition), str(broker)): left for (topic, partition, broker), left in seconds_left.items()}
+    for labels in _race_series.pop((namespace, policy), set()) - set(wanted):
+        with contextlib.suppress(KeyError):
+            REPLICATION_RACE_SECONDS_LEFT.remove(namespace, policy, *labels)
+    for labels, left in wanted.items():
+        REPLICATION_RACE_SECONDS_LEFT.labels(namespace, policy, *labels).set(left)
+    if wanted:
+        _race_series[(namespace, policy)] = set(wanted)
 
 
 class HttpServer(http.server.ThreadingHTTPServer):

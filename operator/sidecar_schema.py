@@ -258,6 +258,51 @@ SCHEMA: dict[str, Any] = {
                                     "maxItems": 3,
                                 },
                             },
+                            "brokerId": _COUNT | {"description": "This replica's broker (node.id), when the sidecar "
+                                                                 "knows it."},
+                            "replication": {
+                                "type": "object",
+                                "description": "From __cluster_metadata on this broker's disk, only while a replica of "
+                                               "the partition is out of the ISR or its broker fenced (issue 24: the "
+                                               "replication race).",
+                                "required": ["leader", "isr", "outOfSync"],
+                                "properties": {
+                                    "leader": {"type": "integer", "description": "-1: no leader."},
+                                    "isr": {"type": "array", "items": {"type": "integer"}},
+                                    "outOfSync": {
+                                        "type": "array",
+                                        "items": {
+                                            "type": "object",
+                                            "required": ["broker", "sinceMs", "offline"],
+                                            "properties": {
+                                                "broker": {"type": "integer"},
+                                                "sinceMs": {"type": "integer",
+                                                            "description": "When the controller recorded it out of "
+                                                                           "the ISR or fenced (the metadata batch's "
+                                                                           "timestamp)."},
+                                                "offline": {"type": "boolean",
+                                                            "description": "Its broker is fenced or unregistered."},
+                                            },
+                                        },
+                                    },
+                                },
+                            },
+                            "removals": {
+                                "type": "array",
+                                "maxItems": 64,
+                                "description": "[offset, epoch ms]: a tombstone or transaction marker this replica "
+                                               "holds at offset that a cleaner may remove from that time on (its "
+                                               "stored delete horizon; not cleaned yet: the scan time + "
+                                               "delete.retention.ms). In offset order with rising times: the earliest "
+                                               "removal at or above an offset is the first point at or above it. "
+                                               "Only with replication.",
+                                "items": {
+                                    "type": "array",
+                                    "prefixItems": [{"type": "integer"}, {"type": "integer"}],
+                                    "minItems": 2,
+                                    "maxItems": 2,
+                                },
+                            },
                         },
                     },
                 },

@@ -17,7 +17,14 @@ since the API server prunes unknown fields):
 * ``divergingPartitions``: partitions whose replicas diverge beyond what their dirty sections
   explain (``divergence``), compared over the reports pulled in the same round; their count is
   ``summary.divergingPartitions`` and the condition ``ReplicasDiverge`` names the first.
-* ``conditions``: ``Ready``, ``Reconciling``, ``Stalled``, ``Degraded``, ``ReplicasDiverge`` (metav1.Condition),
+* ``ReplicationRaceRisk``: a replica out of the ISR or offline has not replicated a tombstone or
+  transaction marker that another replica's cleaner may remove (``divergence.replication_race_risks``,
+  over the reports of the same round); the message names the soonest, with the time it may go
+  (absolute, so that the message does not change every round). The seconds left are the
+  gauge ``kafka_cleaner_operator_replication_race_seconds_left`` and the Events'
+  (:func:`race_risk_events`).
+* ``conditions``: ``Ready``, ``Reconciling``, ``Stalled``, ``Degraded``, ``ReplicasDiverge``,
+  ``ReplicationRaceRisk`` (metav1.Condition),
   upserted by type; ``lastTransitionTime`` moves only when a condition's status flips.
 * ``observedGeneration`` on every write (and in every condition), ``paused``.
 
@@ -44,7 +51,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jsonschema
-from compaction_operator.divergence import MAX_DIVERGING, diverging_partitions
+from compaction_operator.divergence import MAX_DIVERGING, RaceRisk, diverging_partitions, replication_race_risks
 from compaction_operator.sidecar_schema import SCHEMA, VERSION
 
 from cleaner.config import Policy, RolloutStrategy
@@ -62,6 +69,9 @@ __all__ = [
     "format_time",
     "meaningful_change",
     "parse_report",
+    "race_risk_events",
+    "race_risk_message",
+    "race_risks",
     "status_patch",
     "status_to_write",
     "upsert_condition",
@@ -84,7 +94,8 @@ MAX_NAMED_PODS = 10
 AWAITING_MANUAL_ROLLOUT = "AwaitingManualRollout"
 """The reason while pods wait for a roll the operator does not make (``rollout.strategy``
 Manual or OnDelete): Ready is False, Reconciling False."""
-CONDITION_TYPES = ("Ready", "Reconciling", "Stalled", "Degraded", "ReplicasDiverge")
+CONDITION_TYPES = ("Ready", "Reconciling", "Stalled", "Degraded", "ReplicasDiverge", "ReplicationRaceRisk")
+RACE_RISK = "ReplicationRaceRisk"
 #: The one reason for a condition that holds (Stalled=False and so on) when nothing is wrong.
 RECONCILED = "Reconciled"
 
@@ -542,6 +553,14 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
             f"{first['detail']}{more}")
     else:
         put("ReplicasDiverge", False, "ReplicasAgree", "")
+    if scrapes is not None:  # without a pull this round, the last verdict stands
+        risks = race_risks(scrapes)
+        if risks:
+            others = len(risks) - 1
+            more = f" (and {others} more replica{'s' if others > 1 else ''})" if others else ""
+            put(RACE_RISK, True, RACE_RISK, race_risk_message(risks[0]) + more)
+        else:
+            put(RACE_RISK, False, "NoReplicaAtRisk", "")
 
     status: dict[str, Any] = {
         "observedGeneration": generation,
@@ -553,6 +572,54 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
         "divergingPartitions": diverging,
     }
     return _fit(status)
+
+
+def race_risks(scrapes: Mapping[str, Scrape]) -> list[RaceRisk]:
+    """The race risks among the reports pulled in one round (``divergence``)."""
+    return replication_race_risks({pod: s.report for pod, s in scrapes.items() if s.report is not None})
+
+
+def race_risk_message(risk: RaceRisk, now: datetime.datetime | None = None) -> str:
+    """What a person needs: the partition, the replica, since when it is out, the offset and
+    when it may be removed (with ``now``, also the time left: for Events, not the condition)."""
+    where = f"broker {risk.broker}" + (f" ({risk.pod})" if risk.pod else "")
+    state = "offline" if risk.offline else "out of the ISR"
+    leo = (f"its log ends at offset {risk.log_end_offset}" if risk.log_end_offset is not None
+           else "its log end offset is unknown (no report of it)")
+    at = format_time(_from_ms(risk.removable_at_ms))
+    left = ""
+    if now is not None:
+        seconds = risk.seconds_left(int(now.timestamp() * 1000))
+        left = f", {_duration(seconds)} left" if seconds > 0 else ", already removable"
+    return (f"{risk.name}: the replica on {where} is {state} since {format_time(_from_ms(risk.since_ms))} and "
+            f"{leo}; a tombstone or transaction marker at offset {risk.offset} it has not replicated may be "
+            f"removed by the cleaner of {_names(list(risk.holders))} from {at}{left}")
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f}h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds:.0f}s"
+
+
+def race_risk_events(old: Mapping[str, Any], new: Mapping[str, Any], risks: Sequence[RaceRisk],
+                     now: datetime.datetime) -> list[tuple[str, str, str]]:
+    """The Events (type, reason, message) a round's ``ReplicationRaceRisk`` calls for: a
+    Warning when it turns on or names another replica first (not every round: no flood), with
+    the time left; a Normal one when it clears."""
+    def condition(status: Mapping[str, Any]) -> Mapping[str, Any]:
+        return next((c for c in status.get("conditions") or [] if c.get("type") == RACE_RISK), {})
+
+    before, after = condition(old), condition(new)
+    if after.get("status") == "True" and risks and (before.get("status") != "True"
+                                                    or before.get("message") != after.get("message")):
+        return [("Warning", RACE_RISK, race_risk_message(risks[0], now)[:1024])]
+    if after.get("status") == "False" and before.get("status") == "True":
+        return [("Normal", f"{RACE_RISK}Cleared", "every replica out of sync has replicated what a cleaner may "
+                 "remove, or is back in the ISR")]
+    return []
 
 
 def _size(value: Any) -> int:

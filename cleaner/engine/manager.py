@@ -181,6 +181,9 @@ class LogCleanerManager:
         self.dirtiest_log_cleanable_ratio = 0.0
         self.last_clean_end: dict[TopicPartition, int] = {}
         self._cluster_reader: ClusterMetadataReader | None = None
+        self.cluster_metadata: ClusterMetadata | None = None
+        """The cluster metadata as the last ``logs()`` read it (replication race facts)."""
+        self.broker_id: int | None = None
         self.cluster_metadata_error: str | None = None
 
     # -- the set of logs ------------------------------------------------------------------
@@ -198,6 +201,7 @@ class LogCleanerManager:
         with self._lock:
             seen: set[TopicPartition] = set()
             cluster, broker_id = self._cluster_metadata()
+            self.cluster_metadata, self.broker_id = cluster, broker_id
             found: dict[TopicPartition, list[LogDirectory]] = {}
             for log_dir in self.log_dirs:
                 if not log_dir.exists():

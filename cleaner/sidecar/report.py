@@ -237,7 +237,12 @@ def replica_section(statuses: Iterable[PartitionStatus], scanned_at_ms: int, roo
 
     entries: list[dict[str, Any]] = []
     used = len('{"rotation":,"partitions":[],"omitted":}') + 2 * 20
-    for s in sorted(facts, key=rank):
+    def at_risk(s: PartitionStatus) -> bool:
+        # A partition with a replica out of sync goes first: the race check needs it every round.
+        replication = s.replica.replication if s.replica is not None else None
+        return replication is not None and bool(replication.out_of_sync)
+
+    for s in sorted(facts, key=lambda s: (not at_risk(s), rank(s))):
         assert s.replica is not None
         entry = s.replica.as_status(s.report.topic_partition.topic, s.report.topic_partition.partition)
         size = _size(entry) + 1

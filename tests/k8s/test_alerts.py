@@ -34,6 +34,7 @@ ALL_ALERTS = {
     "KafkaCleanerCompactionDelay", "KafkaCleanerHangingTransaction", "KafkaCleanerStageDiskLow",
     "KafkaCleanerSidecarRestarts", "KafkaCleanerSidecarDown", "KafkaCleanerReportsStale",
     "KafkaCleanerReconcileErrors", "KafkaCleanerRolloutStalled", "KafkaCleanerReplicasDiverge",
+    "KafkaCleanerReplicationRaceRisk",
     "KafkaCleanerOperatorDown", "KafkaCleanerLeaderCount", "KafkaCleanerSidecarFailing",
     "KafkaCleanerWebhookFailOpen",
 }
@@ -266,6 +267,39 @@ def test_alerts_fire_and_stay_silent(helm_template: Render, tmp_path: pathlib.Pa
     tests = {"rule_files": [str(path)], "evaluation_interval": "1m",
              "tests": [sidecars, operator_metrics, two_replicas, split_brain]}
     test_path = tmp_path / "tests.yaml"
+    test_path.write_text(yaml.safe_dump(tests))
+    result = promtool("test", "rules", str(test_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_replication_race_alert_fires_hours_before_the_horizon_and_not_for_a_blip(
+        helm_template: Render, tmp_path: pathlib.Path) -> None:
+    """kafka_cleaner_operator_replication_race_seconds_left (issue 24): a series exists only while a
+    replica is out of sync with something a cleaner may remove; the alert pages under 6 hours
+    left, after 5 minutes (an ISR shrink of a minute pages nobody)."""
+    path = rule_file(rules(helm_template), tmp_path, annotations=False)
+    gauge = "kafka_cleaner_operator_replication_race_seconds_left"
+    stopped = 'namespace="kafka",policy="offsets",topic="orders",partition="3",broker="2"'
+    blip = 'namespace="kafka",policy="offsets",topic="orders",partition="4",broker="1"'
+    far = 'namespace="kafka",policy="offsets",topic="orders",partition="5",broker="3"'
+    race = {"interval": "1m", "input_series": [
+        # Broker 2 stopped: 7 hours left at first, a minute less every minute (6 h at 60m).
+        series(gauge, stopped, "25200-60x90"),
+        # Broker 1 out of the ISR for two minutes with 1 hour left, then back: its series goes
+        # (the operator removes it; Prometheus marks it stale at the next scrape).
+        series(gauge, blip, "3600 3540 stale"),
+        # Broker 3 out with a day left (an uncleaned tombstone, delete.retention.ms 24 h).
+        series(gauge, far, "86400x90"),
+    ], "alert_rule_test": [
+        fires("60m", "KafkaCleanerReplicationRaceRisk"),
+        fires("64m", "KafkaCleanerReplicationRaceRisk"),
+        fires("66m", "KafkaCleanerReplicationRaceRisk", {"severity": "critical", "namespace": "kafka",
+                                                          "policy": "offsets", "topic": "orders", "partition": "3",
+                                                          "broker": "2"}),
+        fires("5m", "KafkaCleanerReplicationRaceRisk"),
+    ]}
+    tests = {"rule_files": [str(path)], "evaluation_interval": "1m", "tests": [race]}
+    test_path = tmp_path / "race-tests.yaml"
     test_path.write_text(yaml.safe_dump(tests))
     result = promtool("test", "rules", str(test_path))
     assert result.returncode == 0, result.stdout + result.stderr

@@ -122,9 +122,10 @@ def test_all_brokers_reporting_is_ready(validate_status: Validate) -> None:
     assert ready["message"] == "3/3 brokers reporting; max dirty ratio 0.90"
     assert ready["observedGeneration"] == 3
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
-        "Ready": "True", "Reconciling": "False", "Stalled": "False", "Degraded": "False", "ReplicasDiverge": "False"}
+        "Ready": "True", "Reconciling": "False", "Stalled": "False", "Degraded": "False", "ReplicasDiverge": "False",
+        "ReplicationRaceRisk": "False"}
     assert [c["type"] for c in status["conditions"]] == ["Ready", "Reconciling", "Stalled", "Degraded",
-                                                         "ReplicasDiverge"]
+                                                         "ReplicasDiverge", "ReplicationRaceRisk"]
 
 
 def test_top_partitions_are_the_top_n_over_all_brokers() -> None:

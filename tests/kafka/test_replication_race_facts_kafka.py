@@ -1,0 +1,136 @@
+"""The replication race facts read from a real cluster's disks (issue 24, item 2): with one
+broker stopped, the leader's ``__cluster_metadata`` names it out of the ISR and fenced, the
+leader's replica facts report the tombstone above the stopped replica's log end offset with its
+earliest removal time, and the operator's pure function names the stopped replica at risk."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from compaction_operator.divergence import replication_race_risks
+from kafka_broker import EACH_KAFKA_LINE, RealBroker, wait_until
+
+from cleaner.clock import SystemTime
+from cleaner.config import parse_policy_text
+from cleaner.engine.manager import LogCleanerManager
+from cleaner.replica_facts import replica_facts
+from cleaner.storage.cluster_metadata import find_metadata_dir, read_cluster_metadata
+from cleaner.storage.log_dir import LogDirectory
+from cleaner.storage.topic_partition import TopicPartition
+from cleaner.where import DEFAULT_POLICY
+
+pytestmark = [pytest.mark.slow, EACH_KAFKA_LINE]
+
+TOPIC = "profiles"
+RETENTION_MS = 600_000
+SETTINGS = {"broker.heartbeat.interval.ms": "500", "min.insync.replicas": "1"}
+
+
+def _facts(broker: RealBroker, broker_id: int, now_ms: int) -> dict:
+    """The partition's replica facts as the broker's sidecar reports them (read-only)."""
+    metadata = find_metadata_dir([broker.metadata_dir])
+    assert metadata is not None
+    manager = LogCleanerManager(
+        [LogDirectory(broker.log_dir, read_only=True)],
+        parse_policy_text(DEFAULT_POLICY),
+        SystemTime(),
+        write_checkpoints=False,
+    )
+    logs = manager.logs()
+    tp = TopicPartition(TOPIC, 0)
+    [report] = [r for r in manager.report(now_ms) if r.topic_partition == tp]
+    facts = replica_facts(
+        logs[tp].log,
+        report,
+        cluster=read_cluster_metadata(metadata),
+        broker_id=broker_id,
+        now_ms=now_ms,
+        delete_retention_ms=RETENTION_MS,
+    )
+    return facts.as_status(TOPIC, 0)
+
+
+def test_the_leaders_metadata_names_the_stopped_replica_and_the_tombstone_it_lacks(tmp_path: Path, line: str) -> None:
+    controller = RealBroker(
+        tmp_path / "controller", line, node_id=0, roles="controller", extra={"broker.session.timeout.ms": "3000"}
+    )
+    one = RealBroker(tmp_path / "broker-1", line, node_id=1, roles="broker", quorum=controller, extra=SETTINGS)
+    two = RealBroker(tmp_path / "broker-2", line, node_id=2, roles="broker", quorum=controller, extra=SETTINGS)
+    nodes = (controller, one, two)
+    started = time.monotonic()
+    try:
+        controller.start(wait=False)
+        one.start(wait=False)
+        two.start()
+        one.wait_ready()
+        from kafka.admin import KafkaAdminClient, NewTopic
+
+        admin = KafkaAdminClient(bootstrap_servers=one.bootstrap, request_timeout_ms=30_000)
+        try:
+            admin.create_topics(
+                [
+                    NewTopic(
+                        TOPIC,
+                        replica_assignments={0: [1, 2]},
+                        topic_configs={"cleanup.policy": "compact", "delete.retention.ms": str(RETENTION_MS)},
+                    )
+                ]
+            )
+        finally:
+            admin.close()
+        wait_until(lambda: one.partition_state(TOPIC) == {"leader": 1, "isr": [1, 2]}, "both replicas in sync")
+        one.produce(TOPIC, [(0, b"k%d" % i, b"v") for i in range(20)])
+
+        # In sync: the facts name no replica out, and read nothing for removals.
+        in_sync = _facts(one, 1, int(time.time() * 1000))
+        assert in_sync["brokerId"] == 1 and "replication" not in in_sync and "removals" not in in_sync
+
+        wait_until(lambda: _facts(two, 2, int(time.time() * 1000))["logEndOffset"] == 20, "broker 2 caught up")
+        stopped_at = int(time.time() * 1000)
+        two.stop()
+        wait_until(lambda: one.partition_state(TOPIC)["isr"] == [1], "broker 2 out of the ISR")
+        one.produce(TOPIC, [(0, b"k3", None), (0, b"k30", b"v")])  # a tombstone at offset 20
+
+        def fenced() -> dict | None:
+            entry = _facts(one, 1, int(time.time() * 1000))
+            out = (entry.get("replication") or {}).get("outOfSync") or []
+            return entry if out and out[0]["offline"] else None
+
+        wait_until(lambda: fenced() is not None, "broker 2 fenced in broker 1's __cluster_metadata")
+        now = int(time.time() * 1000)
+        leader = _facts(one, 1, now)
+        [out] = leader["replication"]["outOfSync"]
+        assert (out["broker"], out["offline"]) == (2, True)
+        assert stopped_at - 5_000 <= out["sinceMs"] <= now  # when the controller recorded it out
+        assert leader["replication"]["isr"] == [1] and leader["replication"]["leader"] == 1
+        # The tombstone at 20 (dirty: no earlier than now + delete.retention.ms); the batch is
+        # the last of the log, so the point's offset is its last offset.
+        [[offset, removable_at]] = leader["removals"]
+        assert offset == 21 and now + RETENTION_MS <= removable_at <= now + RETENTION_MS + 1000
+
+        # The operator, over both brokers' reports (broker 2's disk as it stopped).
+        lagging = _facts(two, 2, now)
+        assert lagging["logEndOffset"] == 20
+        reports = {
+            pod: {"replicas": {"rotation": 0, "partitions": [entry], "omitted": 0}}
+            for pod, entry in (("kafka-1", leader), ("kafka-2", lagging))
+        }
+        [risk] = replication_race_risks(reports)
+        assert (risk.broker, risk.pod, risk.offline, risk.log_end_offset, risk.offset, risk.holders) == (
+            2,
+            "kafka-2",
+            True,
+            20,
+            21,
+            ("kafka-1",),
+        )
+        print(f"Kafka {line}: facts named the stopped replica in {time.monotonic() - started:.0f} s")
+    finally:
+        for node in reversed(nodes):
+            if node.proc is not None:
+                os.kill(node.proc.pid, signal.SIGCONT)
+            node.stop(kill=True)
