@@ -17,6 +17,7 @@ from pathlib import Path
 
 from cleaner.clock import StoppableTime, Time
 from cleaner.config import CleanerConfig, Policy
+from cleaner.deletion import DeletionCache, DeletionStatus, deletion_status
 from cleaner.engine.log_cleaner import CleanResult, LogCleaner
 from cleaner.engine.manager import LogCleanerManager, ManagedLog, PartitionReport
 from cleaner.engine.next_clean import NextCleanCache, NextCleanEstimate, estimate_next_clean, section_shape
@@ -134,6 +135,8 @@ class PartitionStatus:
     next_clean: NextCleanEstimate | None = None
     replica: ReplicaFacts | None = None
     """What the operator compares with the partition's other replicas (``replica_facts``)."""
+    deletion: DeletionStatus | None = None
+    """How long superseded records have been on disk, against the deadline (``cleaner.deletion``)."""
     error: BaseException | None = None
     """What ended this partition's look early (then it is reported uncleanable with it,
     unless it is a file the broker changed under the look, ``FileChangedError``: then the
@@ -180,6 +183,7 @@ class PartitionStatus:
             "configSources": r.config_sources,
             "configNotes": r.config_notes,
             "nextClean": self.next_clean_view(),
+            "deletion": self.deletion.as_dict() if self.deletion is not None else None,
         }
 
     def next_clean_view(self) -> dict | None:
@@ -222,12 +226,15 @@ def status(
     next_clean: NextCleanCache | None = None,
     only: Callable[[TopicPartition], bool] | None = None,
     replicas: bool = False,
+    deletion: DeletionCache | None = None,
 ) -> list[PartitionStatus]:
     """Every matched partition's cleaning picture, computed read-only: safe next to a
     live broker (no file is created, changed or locked). With ``next_clean``, also what
     the next clean of each compacted partition would meet (``engine.next_clean``): it
     reads every record of the cleanable section once, then only when that changes. With
-    ``replicas``, also each compacted partition's :class:`ReplicaFacts` (a few hundred bytes read)."""
+    ``replicas``, also each compacted partition's :class:`ReplicaFacts` (a few hundred bytes read).
+    With ``deletion``, also each compacted partition's deletion picture (``cleaner.deletion``:
+    every record read, at most at the cache's interval and only when the segments changed)."""
     log_dirs = [LogDirectory(p, read_only=True) for p in paths]
     manager = manager or LogCleanerManager(log_dirs, policy, time, write_checkpoints=False, only=only)
     cache = facts_cache or FactsCache()
@@ -238,11 +245,13 @@ def status(
         managed = logs.get(report.topic_partition)
         if managed is None:
             continue  # created since the listing above: the next look sees it
-        looked = _look(manager, managed, report, cache, throttle, policy, next_clean, now, replicas)
+        looked = _look(manager, managed, report, cache, throttle, policy, next_clean, now, replicas, deletion)
         if looked is not None:
             out.append(looked)
     if next_clean is not None:
         next_clean.retain(set(logs))
+    if deletion is not None:
+        deletion.retain(logs)
     return out
 
 
@@ -256,6 +265,7 @@ def _look(
     next_clean: NextCleanCache | None,
     now: int,
     replicas: bool,
+    deletion: DeletionCache | None = None,
 ) -> PartitionStatus | None:
     """One partition's status. A file a live broker changed under the look (retention
     renamed a segment away, its cleaner swapped one in: ``FileChangedError``) is no verdict
@@ -283,6 +293,7 @@ def _look(
                 if replicas and report.compacted
                 else None
             )
+            removal = _deletion(managed, report, deletion, now, throttle) if deletion and report.compacted else None
         except ThreadShutdownError:
             raise
         except FileChangedError as e:
@@ -306,7 +317,7 @@ def _look(
             log.exception("cannot look at %s", tp)
             report.eligible, report.reason, report.uncleanable_reason = False, "uncleanable", failure_reason(e)
             return PartitionStatus(report, None, now, error=e)
-        return PartitionStatus(report, facts, now, estimate, replica)
+        return PartitionStatus(report, facts, now, estimate, replica, removal)
     raise AssertionError("unreachable")
 
 
@@ -341,6 +352,21 @@ def _next_clean(
         return None
     cache.put(report.topic_partition, shape, estimate)
     return estimate
+
+
+def _deletion(
+    managed: ManagedLog,
+    report: PartitionReport,
+    cache: DeletionCache,
+    now: int,
+    throttle: Callable[[int], None] | None,
+) -> DeletionStatus | None:
+    facts = cache.facts(managed, now, throttle)
+    if facts is None:
+        return None
+    segments = managed.log.segments
+    active = segments[-1].base_offset if segments else None
+    return deletion_status(facts, report, managed.rule, active, now)
 
 
 def _log_facts(

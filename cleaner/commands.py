@@ -22,6 +22,7 @@ import click
 from cleaner import cleaning, log_format
 from cleaner.clock import SYSTEM_TIME, FixedTime, Time
 from cleaner.config import Mode, Policy, load_policy
+from cleaner.deletion import DeletionCache
 from cleaner.engine.log_cleaner import CleanResult, LogCleaner
 from cleaner.engine.manager import LogCleanerManager, PartitionReport
 from cleaner.engine.next_clean import NextCleanCache
@@ -584,7 +585,10 @@ def status_command(
     warn_unmatched_filters(data_dir, policy, topic)
     with exit_codes_for_errors():
         manager = _StageManager(data_dir, policy, time, only) if policy.mode is Mode.STAGE else None
-        statuses = cleaning.status(data_dir, policy, time, next_clean=NextCleanCache(), only=only, manager=manager)
+        statuses = cleaning.status(
+            data_dir, policy, time, next_clean=NextCleanCache(), only=only, manager=manager,
+            deletion=DeletionCache.for_policy(policy),
+        )
     if not statuses:  # on stderr, whatever the format
         click.echo(f"kafka-cleaner: {no_partitions_message(data_dir, policy, only is not None)}", err=True)
     if fmt == "json":
@@ -691,6 +695,9 @@ def _print_status(statuses: list[cleaning.PartitionStatus], fmt: str) -> None:
         if not s.report.eligible and s.report.reason not in (None, "activeSegment", "notCompacted", "lso")
     ]
     lines += [_lso_line(s) for s in statuses if s.report.lso_holder is not None or s.report.reason == "lso"]
+    lines += [
+        f"{s.report.topic_partition}: {line}" for s in statuses if s.deletion and (line := s.deletion.describe())
+    ]
     for line in lines:
         click.echo(line)
     click.echo(

@@ -713,6 +713,10 @@ class TopicRule(_Model):
     #: Kafka accepts any negative value; -1 is the only one that means something (unlimited).
     retention_bytes: int = _field("retentionBytes", _Int(-1), -1, kafka="retention.bytes")
     per_partition_metrics: bool = _field("perPartitionMetrics", _Bool(), False)
+    #: How long a superseded record (or a tombstone past its delete horizon) may stay on disk
+    #: before the partition is in breach (``cleaner.deletion``); None: ``maxCompactionLagMs``
+    #: when that is set (below Kafka's Long.MAX_VALUE default), else no deadline.
+    deletion_deadline_ms: int | None = _field("deletionDeadlineMs", _Int(1), None)
 
     pattern: re.Pattern[str] = field(init=False, repr=False, compare=False, hash=False)
 
@@ -728,6 +732,13 @@ class TopicRule(_Model):
     def delete(self) -> bool:
         """``cleanup.policy`` contains ``delete`` (Kafka: ``LogConfig.delete``)."""
         return self.cleanup_policy in (CleanupPolicy.DELETE, CleanupPolicy.COMPACT_DELETE)
+
+    @property
+    def effective_deletion_deadline_ms(self) -> int | None:
+        """``deletionDeadlineMs``, else ``max.compaction.lag.ms`` when set, else None (no deadline)."""
+        if self.deletion_deadline_ms is not None:
+            return self.deletion_deadline_ms
+        return self.max_compaction_lag_ms if self.max_compaction_lag_ms < INT64_MAX else None
 
     def matches(self, topic: str) -> bool:
         """Whether the *whole* topic name matches (``orders`` does not match ``order``)."""
@@ -1174,6 +1185,9 @@ class ReportingConfig(_Model):
     #: status.topPartitions holds at most 200 entries.
     top_partitions: int = _field("topPartitions", _Int(1, 200, format="int32"), 20)
     max_partition_series: int = _field("maxPartitionSeries", _Int(0, format="int32"), 1000)
+    #: A partition's deletion facts (``cleaner.deletion``) read every record of its log: at most
+    #: this often, and only when its segments changed.
+    deletion_interval_seconds: int = _field("deletionIntervalSeconds", _Int(1, 86400, format="int32"), 300)
 
 
 @dataclass(frozen=True, kw_only=True)

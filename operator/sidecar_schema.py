@@ -24,6 +24,54 @@ _BYTES = {"type": "integer", "minimum": 0}
 _RATIO = {"type": "number", "minimum": 0, "maximum": 1}
 _SECONDS = {"type": "number", "minimum": 0}
 
+_DELETION: dict[str, Any] = {
+    "type": ["object", "null"],
+    "description": (
+        "The partition's deletion deadline (cleaner.deletion): how long superseded records (a value or tombstone "
+        "with a newer record for its key) and tombstones past their delete horizon have been on disk, against "
+        "deletionDeadlineMs (default: max.compaction.lag.ms when set), and what holds them back. Optional; null "
+        "or absent when not computed (not compacted, not yet read)."
+    ),
+    "required": ["oldestSupersededAgeSeconds", "oldestExpiredTombstoneAgeSeconds", "supersededRecords",
+                 "deadlineSeconds", "breached", "remainingSeconds", "heldBackBy", "bounded"],
+    "properties": {
+        "oldestSupersededAgeSeconds": {
+            "type": ["number", "null"],
+            "minimum": 0,
+            "description": "Since the earliest overwrite or tombstone of a key whose older record is still on disk; "
+            "null: none.",
+        },
+        "oldestExpiredTombstoneAgeSeconds": {
+            "type": ["number", "null"],
+            "minimum": 0,
+            "description": "How long the oldest tombstone on disk has been past its delete horizon; null: none.",
+        },
+        "supersededRecords": _COUNT,
+        "deadlineSeconds": {"type": ["number", "null"], "minimum": 0, "description": "null: no deadline."},
+        "breached": {"type": "boolean"},
+        "remainingSeconds": {
+            "type": ["number", "null"],
+            "description": "Deadline minus the larger age; negative when breached; null without a deadline or age.",
+        },
+        "heldBackBy": {
+            "enum": ["activeSegment", "lso", "minCompactionLag", "dirtyRatio", "paused", "uncleanable", "cleaning",
+                     "cleaner", None],
+            "description": "What keeps the next clean from removing them (docs/runbooks.md, "
+            "KafkaCleanerDeletionDeadlineBreached).",
+        },
+        "bounded": {
+            "type": "boolean",
+            "description": "The partition's keys overflowed the offset map (the cleaner's dedupe buffer per thread): "
+            "the age and count are lower bounds.",
+        },
+        "computedAtMs": {
+            "type": "integer",
+            "description": "When the records were read (epoch ms): at most every reporting.deletionIntervalSeconds, "
+            "and only when the segments changed.",
+        },
+    },
+}
+
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": SCHEMA_ID,
@@ -125,6 +173,15 @@ SCHEMA: dict[str, Any] = {
                         "description": "Config keys whose effective value is the policy rule's "
                         "(status's configSources: policy); the others are the cluster's or Kafka's defaults.",
                     },
+                    "oldestSupersededAgeSeconds": {
+                        "type": ["number", "null"],
+                        "minimum": 0,
+                        "description": "Largest deletion.oldestSupersededAgeSeconds of the topic's partitions; "
+                        "optional.",
+                    },
+                    "deletionDeadlineBreaches": _COUNT | {
+                        "description": "Partitions of the topic past their deletion deadline; optional."
+                    },
                 },
             },
         },
@@ -172,6 +229,7 @@ SCHEMA: dict[str, Any] = {
                             "onePassDedupeBufferSize": _BYTES,
                         },
                     },
+                    "deletion": _DELETION,
                 },
             },
         },

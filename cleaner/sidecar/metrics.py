@@ -84,6 +84,12 @@ class SidecarMetrics:
         self.scan_bytes_read = Counter(
             PREFIX + "scan_bytes_read", "Bytes read by observe scans", registry=self.registry
         )
+        self.deletion_bytes_read = Counter(
+            PREFIX + "deletion_scan_bytes_read",
+            "Bytes read for the deletion facts (every record of a partition whose segments changed, at most "
+            "every reporting.deletionIntervalSeconds)",
+            registry=self.registry,
+        )
         self.stage_sets_discarded = Counter(
             PREFIX + "stage_sets_discarded",
             "Staged sets discarded, not committed: the policy or the cluster's topic config in force no longer "
@@ -253,6 +259,7 @@ class _LogCollector(Collector):
         yield age
         yield dirty_ts
         yield self._lso_holders(snap)
+        yield from self._deletion_series(snap)
         yield from self._partition_series(snap)
 
     @staticmethod
@@ -272,6 +279,53 @@ class _LogCollector(Collector):
             labels = [tp.topic, str(tp.partition), str(holder["producerId"]), str(holder["producerEpoch"])]
             holders.add_metric(labels, holder["ageSeconds"])
         return holders
+
+    def _deletion_series(self, snap: ScanSnapshot) -> Iterator[Metric]:
+        """Per partition with a deletion deadline (``cleaner.deletion``): its oldest superseded
+        age, its deadline and whether it is breached, with what holds it back (the alert's
+        label). Breached partitions first, capped by ``reporting.maxPartitionSeries``; the count
+        of breached partitions is exported whatever the cap."""
+        labels = ["topic", "partition"]
+        age = GaugeMetricFamily(
+            PREFIX + "partition_oldest_superseded_age_seconds",
+            "Since the earliest overwrite or tombstone of a key whose older record is still on disk "
+            "(a lower bound when the keys overflow the dedupe buffer)",
+            labels=labels,
+        )
+        tombstone = GaugeMetricFamily(
+            PREFIX + "partition_oldest_expired_tombstone_age_seconds",
+            "How long the oldest tombstone still on disk has been past its delete horizon",
+            labels=labels,
+        )
+        deadline = GaugeMetricFamily(
+            PREFIX + "partition_deletion_deadline_seconds",
+            "deletionDeadlineMs of the partition's topic (default max.compaction.lag.ms), in seconds",
+            labels=labels,
+        )
+        breached = GaugeMetricFamily(
+            PREFIX + "partition_deletion_deadline_breached",
+            "1 when superseded records or expired tombstones are on disk past the deadline, with what holds "
+            "them back (activeSegment, lso, minCompactionLag, dirtyRatio, paused, uncleanable, cleaning, cleaner)",
+            labels=[*labels, "held_back_by"],
+        )
+        with_deadline = [s for s in snap.statuses if s.deletion is not None and s.deletion.deadline_ms is not None]
+        with_deadline.sort(key=lambda s: (not s.deletion.breached, str(s.report.topic_partition)))  # type: ignore[union-attr]
+        for s in with_deadline[: max(self._max_series(), 0)]:
+            d = s.deletion
+            assert d is not None and d.deadline_ms is not None
+            tp = [s.report.topic_partition.topic, str(s.report.topic_partition.partition)]
+            if d.oldest_superseded_age_ms is not None:
+                age.add_metric(tp, d.oldest_superseded_age_ms / 1000.0)
+            if d.oldest_expired_tombstone_age_ms is not None:
+                tombstone.add_metric(tp, d.oldest_expired_tombstone_age_ms / 1000.0)
+            deadline.add_metric(tp, d.deadline_ms / 1000.0)
+            breached.add_metric([*tp, d.held_back_by or ""], 1.0 if d.breached else 0.0)
+        count = GaugeMetricFamily(
+            PREFIX + "deletion_deadline_breached_partitions",
+            "Partitions past their deletion deadline (all of them, whatever maxPartitionSeries)",
+        )
+        count.add_metric([], sum(1 for s in with_deadline if s.deletion is not None and s.deletion.breached))
+        yield from (age, tombstone, deadline, breached, count)
 
     def _partition_series(self, snap: ScanSnapshot) -> Iterator[Metric]:
         ratio = GaugeMetricFamily(

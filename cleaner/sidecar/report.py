@@ -81,6 +81,8 @@ class TopicSummary:
     one_pass_dedupe_buffer_size: int = 0
     cluster_config: bool = False
     from_policy: tuple[str, ...] = ()
+    oldest_superseded_age_ms: int | None = None
+    deadline_breaches: int = 0
 
     def as_status(self) -> dict[str, Any]:
         return {
@@ -99,6 +101,10 @@ class TopicSummary:
             "onePassDedupeBufferSize": self.one_pass_dedupe_buffer_size,
             "clusterConfig": self.cluster_config,
             "fromPolicy": list(self.from_policy),
+            "oldestSupersededAgeSeconds": (
+                None if self.oldest_superseded_age_ms is None else self.oldest_superseded_age_ms / 1000.0
+            ),
+            "deletionDeadlineBreaches": self.deadline_breaches,
         }
 
 
@@ -133,6 +139,12 @@ class ScanSnapshot:
                 t.one_pass_dedupe_buffer_size = max(
                     t.one_pass_dedupe_buffer_size, s.next_clean.one_pass_dedupe_buffer_size
                 )
+            if s.deletion is not None:
+                t.deadline_breaches += int(s.deletion.breached)
+                if s.deletion.oldest_superseded_age_ms is not None:
+                    t.oldest_superseded_age_ms = max(
+                        t.oldest_superseded_age_ms or 0, s.deletion.oldest_superseded_age_ms
+                    )
             age = s.oldest_tombstone_age_ms
             if age is not None:
                 t.oldest_tombstone_age_ms = max(t.oldest_tombstone_age_ms or 0, age)
@@ -167,6 +179,7 @@ def partition_entry(status: PartitionStatus, last_cleaned_at_ms: int | None) -> 
         "uncleanableReason": _capped(r.uncleanable_reason),
         "lsoHolder": status.lso_holder_view(),
         "nextClean": status.next_clean_view(),
+        "deletion": status.deletion.as_dict() if status.deletion is not None else None,
     }
 
 
@@ -191,8 +204,13 @@ def build_status(
     # A partition an open transaction pins is listed too: it is the answer to "why is
     # nothing cleaned" even when its ratio ranks it low.
     pinned = [s for s in ranked if s.report.lso_holder is not None and s.report.topic_partition not in chosen]
+    chosen |= {s.report.topic_partition for s in pinned}
+    # So is a partition past its deletion deadline: its entry says what holds it back.
+    breached = [
+        s for s in ranked if s.deletion is not None and s.deletion.breached and s.report.topic_partition not in chosen
+    ]
     partitions = [
-        partition_entry(s, last_cleaned_at.get(s.report.topic_partition)) for s in top + uncleanable + pinned
+        partition_entry(s, last_cleaned_at.get(s.report.topic_partition)) for s in top + uncleanable + pinned + breached
     ]
     topics = [t.as_status() for t in snapshot.topics()] if snapshot else []
     doc: dict[str, Any] = {

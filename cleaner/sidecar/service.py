@@ -52,6 +52,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from cleaner import __version__, cleaning
 from cleaner.clock import StoppableTime, Time
 from cleaner.config import Mode, Policy
+from cleaner.deletion import DeletionCache, at_risk
 from cleaner.engine.cleaner import Cleaner
 from cleaner.engine.log_cleaner import CleanResult, LogCleaner
 from cleaner.engine.manager import LogCleanerManager, ManagedLog
@@ -143,6 +144,7 @@ class Sidecar:
         self.policy: Policy | None = None
         self.log_dirs: list[Path] = []
         self.facts = ScanFactsCache()
+        self._deletion: DeletionCache | None = None
         self.next_clean = NextCleanCache()
         self.errors: deque[_Error] = deque(maxlen=20)
         self.snapshot: ScanSnapshot | None = None
@@ -372,7 +374,8 @@ class Sidecar:
                 raise ThreadShutdownError("the sidecar is stopping")
             throttler.maybe_throttle(n)
 
-        before = self.facts.bytes_read
+        deletion = self._deletion_cache(policy)
+        before, deletion_before = self.facts.bytes_read, deletion.bytes_read
         self.facts.start_scan()
         previous = self.snapshot
         failed = False
@@ -390,6 +393,7 @@ class Sidecar:
                 # would hold up the cleaning it predicts, whose own figures then answer.
                 next_clean=self.next_clean if policy.mode == Mode.OBSERVE else None,
                 replicas=True,
+                deletion=deletion,
             )
         except ThreadShutdownError:
             return self.snapshot  # the sidecar is stopping
@@ -401,6 +405,7 @@ class Sidecar:
             statuses = list(previous.statuses) if previous is not None else []
         self.facts.forget_missing()
         self.metrics.scan_bytes_read.inc(self.facts.bytes_read - before)
+        self.metrics.deletion_bytes_read.inc(deletion.bytes_read - deletion_before)
         if not failed:
             self._count_failures(statuses)
             statuses = self._settle_failures(statuses)
@@ -419,6 +424,14 @@ class Sidecar:
             # not doing its job, whatever the reason).
             self.ready = bool(self.log_dirs)
         return snapshot
+
+    def _deletion_cache(self, policy: Policy) -> DeletionCache:
+        """The deletion facts' cache, kept across scans (a new one when the policy resizes it)."""
+        wanted = DeletionCache.for_policy(policy, deadlines_only=True)
+        known = self._deletion
+        if known is None or known.sizing != wanted.sizing:
+            self._deletion = wanted
+        return self._deletion
 
     def _count_failures(self, statuses: list[cleaning.PartitionStatus]) -> None:
         """``scan_failures_total{reason}``: each partition whose look failed in this scan,
@@ -1091,6 +1104,7 @@ class _StageController(_Controller):
         self.validate_all(manager, logs)
         sc.state.state = "idle"
         candidates = self._candidates(manager, logs)
+        urgent = self._deadline_at_risk()
         best = None
         for tp, managed in candidates:
             try:
@@ -1099,12 +1113,18 @@ class _StageController(_Controller):
                 sc._error(str(managed.log_dir), str(tp), f"{type(e).__name__}: {e}", dedupe=True)
                 continue
             min_ratio = managed.rule.min_cleanable_dirty_ratio
-            eligible = ltc.cleanable_bytes > 0 and (ltc.cleanable_ratio > min_ratio or ltc.needs_compaction_now)
-            if eligible and (best is None or ltc.cleanable_ratio > best[0].cleanable_ratio):
-                best = (ltc, managed)
+            remaining = urgent.get((str(managed.log_dir), tp))
+            eligible = ltc.cleanable_bytes > 0 and (
+                ltc.cleanable_ratio > min_ratio or ltc.needs_compaction_now or remaining is not None
+            )
+            # A partition about to breach its deletion deadline first (least time left first),
+            # then the dirtiest.
+            rank = (0, remaining, 0.0) if remaining is not None else (1, 0, -ltc.cleanable_ratio)
+            if eligible and (best is None or rank < best[0]):
+                best = (rank, ltc, managed)
         if best is None:
             return
-        ltc, managed = best
+        _, ltc, managed = best
         key = (managed.log_dir.path, ltc.topic_partition)
         needed = ltc.clean_bytes + ltc.cleanable_bytes
         ratio = sc.policy.stage.min_free_disk_ratio
@@ -1153,6 +1173,19 @@ class _StageController(_Controller):
             sc.metrics.cleanings.labels("staged").inc()
             sc.state.last_cleaned_at[ltc.topic_partition] = now
             sc._next_scan_ms = 0
+
+    def _deadline_at_risk(self) -> dict[tuple[str, TopicPartition], int]:
+        """The partitions of the last scan about to breach their deletion deadline (or past it)
+        that a clean would help (what holds them back is the dirty ratio or no cleaner taking
+        them), with the time left: stage mode cleans them before the dirtiest."""
+        snapshot = self.sidecar.snapshot
+        out: dict[tuple[str, TopicPartition], int] = {}
+        for s in snapshot.statuses if snapshot is not None else []:
+            d = s.deletion
+            if d is not None and at_risk(d) and d.held_back_by in ("cleaner", "dirtyRatio"):
+                assert d.remaining_ms is not None
+                out[(s.report.log_dir, s.report.topic_partition)] = d.remaining_ms
+        return out
 
     def _candidates(
         self, manager: LogCleanerManager, logs: dict[TopicPartition, ManagedLog]

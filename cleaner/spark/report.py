@@ -40,6 +40,7 @@ from typing import Any
 from cleaner import cleaning
 from cleaner.clock import SYSTEM_TIME, FixedTime, Time
 from cleaner.config import Policy, parse_policy_text
+from cleaner.deletion import DeletionCache
 from cleaner.engine.next_clean import NextCleanCache
 from cleaner.errors import KafkaCleanerError
 
@@ -89,8 +90,14 @@ STATUS_COLUMNS = (
         "struct<dirtyRecords: long, dirtyDistinctKeys: long, bytesFreed: long, kafkaPasses: int, passes: int,"
         " onePassDedupeBufferSize: long>",
     ),
+    (
+        "deletion",
+        "struct<oldestSupersededAgeSeconds: double, oldestExpiredTombstoneAgeSeconds: double,"
+        " supersededRecords: long, deadlineSeconds: double, breached: boolean, remainingSeconds: double,"
+        " heldBackBy: string, bounded: boolean, computedAtMs: long>",
+    ),
 )
-NESTED_COLUMNS = ("pendingStartup", "lsoHolder", "configSources", "configNotes", "nextClean")
+NESTED_COLUMNS = ("pendingStartup", "lsoHolder", "configSources", "configNotes", "nextClean", "deletion")
 """Columns CSV cannot hold as they are: written there as JSON text."""
 REPORT_COLUMNS = (
     ("sourceRoot", "string"),
@@ -111,7 +118,10 @@ def partition_status(
     """Stage 0 task: ``status``'s row of one partition and the scope phase 1 reads."""
     clock = FixedTime(now)
     manager, managed = open_managed(ref, policy, clock, read_only=True)
-    row = cleaning.status([ref.root], policy, clock, manager=manager, next_clean=NextCleanCache())[0].as_dict()
+    deletion = DeletionCache.for_policy(policy)
+    next_clean = NextCleanCache()
+    statuses = cleaning.status([ref.root], policy, clock, manager=manager, next_clean=next_clean, deletion=deletion)
+    row = statuses[0].as_dict()
     row["sourceRoot"] = source_root
     if row["reason"] == "uncleanable" or row["records"] is None:
         return row, None

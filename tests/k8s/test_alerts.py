@@ -272,6 +272,40 @@ def test_alerts_fire_and_stay_silent(helm_template: Render, tmp_path: pathlib.Pa
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+# ---- KafkaCleanerDeletionDeadlineBreached (issue 25.2) ----------------------------------------
+
+ALL_ALERTS.add("KafkaCleanerDeletionDeadlineBreached")
+
+
+def test_the_deletion_deadline_alert_fires_with_its_cause_and_clears(
+    helm_template: Render, tmp_path: pathlib.Path
+) -> None:
+    """A partition held back by its unrolled active segment breaches at 3m and pages at 8m (for:
+    5m) naming the cause; after the roll and the clean at 20m its series is 0 (another label) and
+    the alert clears once the old series is stale. A partition within its deadline never fires."""
+    path = rule_file(rules(helm_template), tmp_path, annotations=False)
+    gauge = "kafka_cleaner_partition_deletion_deadline_breached"
+    held = 'namespace="kafka",pod="kafka-0",topic="users",partition="0",held_back_by="activeSegment"'
+    cleared = 'namespace="kafka",pod="kafka-0",topic="users",partition="0",held_back_by=""'
+    fine = 'namespace="kafka",pod="kafka-0",topic="users",partition="1",held_back_by=""'
+    test = {"interval": "1m", "input_series": [
+        series(gauge, held, "0 0 0 1x17 _x20"),
+        series(gauge, cleared, "_x20 0x20"),
+        series(gauge, fine, "0x40"),
+    ], "alert_rule_test": [
+        fires("7m", "KafkaCleanerDeletionDeadlineBreached"),
+        fires("8m", "KafkaCleanerDeletionDeadlineBreached", {"severity": "warning", **broker(
+            "kafka-0", topic="users", partition="0", held_back_by="activeSegment")}),
+        fires("19m", "KafkaCleanerDeletionDeadlineBreached", {"severity": "warning", **broker(
+            "kafka-0", topic="users", partition="0", held_back_by="activeSegment")}),
+        fires("26m", "KafkaCleanerDeletionDeadlineBreached"),  # the old series: stale 5m after its last sample
+    ]}
+    tests_path = tmp_path / "deletion.yaml"
+    tests_path.write_text(yaml.safe_dump({"rule_files": [str(path)], "evaluation_interval": "1m", "tests": [test]}))
+    result = promtool("test", "rules", str(tests_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_the_replication_race_alert_fires_hours_before_the_horizon_and_not_for_a_blip(
         helm_template: Render, tmp_path: pathlib.Path) -> None:
     """kafka_cleaner_operator_replication_race_seconds_left (issue 24): a series exists only while a

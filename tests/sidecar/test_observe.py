@@ -174,7 +174,7 @@ class WriteAudit:
             if flags & _WRITE_FLAGS:
                 self.attempts.append((event, args))
         elif event in _WRITE_EVENTS or (
-            event == "mmap.__new__" and args[2] in (mmap.ACCESS_WRITE, mmap.ACCESS_DEFAULT)
+            event == "mmap.__new__" and args[0] != -1 and args[2] in (mmap.ACCESS_WRITE, mmap.ACCESS_DEFAULT)
         ):
             self.attempts.append((event, args))
 
