@@ -66,7 +66,13 @@ from cleaner.config import TopicRule
 from cleaner.effective_config import EffectiveRule
 from cleaner.engine.cleaner import Cleaner, LogToClean
 from cleaner.engine.manager import ManagedLog
-from cleaner.errors import KafkaCleanerError, LogDirLockedError, SwapIncompleteError, ThreadShutdownError
+from cleaner.errors import (
+    FileVanishedError,
+    KafkaCleanerError,
+    LogDirLockedError,
+    SwapIncompleteError,
+    ThreadShutdownError,
+)
 from cleaner.storage import files
 from cleaner.storage.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
@@ -597,6 +603,15 @@ class _Round:
             out = self._moved("moved during the round")
         elif isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) and self.min_free_ratio > 0:
             out = self._disk_floor(None)
+        elif (
+            type(e) is FileNotFoundError
+            and e.filename is not None
+            and os.path.dirname(os.fspath(e.filename)) == os.fspath(self.pdir)
+        ):
+            # A segment the round planned from was renamed away by the broker before the round
+            # opened it (retention, a DeleteRecords breach): no failure; the next pass plans
+            # from the log as it now is (found by the soak beside a busy broker).
+            out = FileVanishedError(e.filename, "renamed or deleted by the broker during the round")
         try:
             self.discard()
         except OSError as cleanup:
