@@ -48,18 +48,36 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# The longest single tests as ``make test`` measures them (most first): the soak, then the
+# crash-start loops. Under ``--dist loadgroup`` xdist hands out the groups first (largest
+# first), then single tests in collection order, two pending per worker; a long test collected
+# last (tests/soak sorts late) starts when the other worker is nearly done and runs alone at
+# the tail. Started first, the short tests fill in around them.
+LONGEST_FIRST = ("tests/soak/", "tests/kafka/test_crash_start.py")
+
+
+def _start_rank(item: pytest.Item) -> int:
+    """0.. for the tests named in ``LONGEST_FIRST``, then the other ``slow`` ones, then the rest."""
+    path = item.nodeid
+    for rank, prefix in enumerate(LONGEST_FIRST):
+        if path.startswith(prefix):
+            return rank
+    return len(LONGEST_FIRST) + (0 if item.get_closest_marker("slow") else 1)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``--kafka-line``: deselect the real-Kafka tests parametrised with another line."""
+    """``--kafka-line``: deselect the real-Kafka tests parametrised with another line. Then the
+    long tests first (``_start_rank``; a stable sort, so the order within a rank is kept)."""
     line = config.getoption("--kafka-line")
-    if line is None:
-        return
-    keep, drop = [], []
-    for item in items:
-        params = getattr(item, "callspec", None)
-        other = params is not None and any(
-            params.params.get(name) not in (None, line) for name in ("line", "kafka_version")
-        )
-        (drop if other else keep).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
+    if line is not None:
+        keep, drop = [], []
+        for item in items:
+            params = getattr(item, "callspec", None)
+            other = params is not None and any(
+                params.params.get(name) not in (None, line) for name in ("line", "kafka_version")
+            )
+            (drop if other else keep).append(item)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
+    items.sort(key=_start_rank)

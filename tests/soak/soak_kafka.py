@@ -102,6 +102,8 @@ TOPICS: dict[str, dict[str, Any]] = {
     },
 }
 STAGED_BY_POLICY = ("soak-staged", "soak-txn", "soak-churn", "soak-compacted")
+PROVOKE_AFTER_S = 5.0
+"""How long a wait for a staging round waits for one to come by itself (``Soak.await_round``)."""
 KEYS = {"soak-compacted": 150, "soak-retained": 400, "soak-staged": 200, "soak-txn": 100, "soak-churn": 100}
 
 POLICY = """\
@@ -618,11 +620,13 @@ class Soak:
             self.producer.flush(60)
 
     # -- events ---------------------------------------------------------------------------------------
-    def delete_records(self) -> None:
+    def delete_records(self, target_partition: tuple[str, int] | None = None) -> None:
         from kafka import TopicPartition
 
         topic = self.rng.choice(["soak-staged", "soak-txn", "soak-retained", "soak-staged"])
         p = self.rng.randrange(TOPICS[topic]["partitions"])
+        if target_partition is not None:
+            topic, p = target_partition
         first, last = self._offsets(topic, p)
         if last - first < 10:
             return
@@ -707,27 +711,43 @@ class Soak:
         began = re.findall(r"Beginning cleaning of log (\S+)", sc.log_text())
         return began[-1] if began else None
 
-    def while_staging(self, what: str) -> None:
-        """Delete the topic of (``churn``), or move to the other log dir (``move``), the
-        partition being staged, while the round runs. Waits (producing) up to 60 s for a
-        round of a partition it may act on; does the plain event otherwise."""
-        wanted = ("soak-churn",) if what == "churn" else ("soak-staged", "soak-txn", "soak-compacted")
-        deadline = time.monotonic() + 60
-        target = None
-        while time.monotonic() < deadline:
-            name = self.staging_now()
-            m = re.fullmatch(r"(.+)-(\d+)", name or "")
+    def await_round(self, wanted: tuple[str, ...], limit_s: float) -> tuple[str, int] | None:
+        """A partition of ``wanted`` topics the stage-mode sidecar is staging now, producing
+        meanwhile; None after ``limit_s``. A sidecar stages each partition once, in its first
+        seconds, and again only when the staged set goes stale: a wait for a round at a random
+        later moment found none in 60 s (both waits of a 60 s soak, 120 s of its 190). So each
+        ``PROVOKE_AFTER_S`` without one, a DeleteRecords moves the log start of a ``wanted``
+        partition Kafka does not compact: its staged set is stale, and the next scan deletes it
+        and stages the partition again (a round of a second or so at the stage mode's
+        throttle, which a poll may miss: hence again)."""
+        began = time.monotonic()
+        provoked = began
+        while time.monotonic() - began < limit_s:
+            m = re.fullmatch(r"(.+)-(\d+)", self.staging_now() or "")
             if m and m.group(1) in wanted:
-                target = (m.group(1), int(m.group(2)))
-                break
+                return m.group(1), int(m.group(2))
+            if time.monotonic() - provoked > PROVOKE_AFTER_S:
+                provoked = time.monotonic()
+                topic = self.rng.choice([t for t in wanted if not TOPICS[t]["compacted"]])
+                try:
+                    self.delete_records((topic, self.rng.randrange(TOPICS[topic]["partitions"])))
+                except AssertionError as e:
+                    logging.getLogger("soak").info("no round provoked: %s", e)
             self.produce_tick(10)
             time.sleep(0.1)
+        return None
+
+    def while_staging(self, what: str) -> None:
+        """Delete the topic of (``churn``), or move to the other log dir (``move``), the
+        partition being staged, while the round runs. Waits (producing; see ``await_round``)
+        up to 60 s for a round of a partition it may act on; does the plain event otherwise."""
+        wanted = ("soak-churn",) if what == "churn" else ("soak-staged", "soak-txn", "soak-compacted")
+        target = self.await_round(wanted, 60)
         logging.getLogger("soak").info("%s while staging %s", what, target)
+        self.fig.while_staging += target is not None
         if what == "churn":
-            self.fig.while_staging += target is not None
             self.churn_topic()
         else:
-            self.fig.while_staging += target is not None
             self.move(target)
 
     def sidecar_kill(self) -> None:
@@ -737,9 +757,7 @@ class Soak:
         sc = self.sidecar
         if sc is None:
             return
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and self.staging_now() is None:
-            self.produce_tick(10)
+        self.await_round(("soak-staged", "soak-txn", "soak-churn", "soak-compacted"), 20)
         self.sidecar = None
         sc.kill()
         self.fig.sidecar_kills += 1
