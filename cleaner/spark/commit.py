@@ -5,15 +5,24 @@ an output log dir.
 Staged segments are swapped in by ``cleaner.storage.staged.swap_in`` (shared with the
 sidecar's stage mode): all of a partition's new segments go through one
 ``replace_segments``, so a round's groups are committed together.
+
+A run's id comes from what it was planned from (names, sizes and mtimes of the files, the
+checkpoints' contents), and ``cp -a`` gives all of those back: a restore of dirty data at a
+path a run cleaned has that run's id. So a commit also records what it left
+(``commit_identity``), and a rerun trusts its ``COMMITTED`` marker only while the paths still
+hold that (``holds_commit``); otherwise the data is not the committed result and is planned
+again.
 """
 
 from __future__ import annotations
 
 import filecmp
+import json
 import os
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from cleaner.config import TopicRule
 from cleaner.engine.manager import log_config_for
@@ -25,6 +34,8 @@ from cleaner.storage.log_dir import LogDirectory
 from cleaner.storage.segment import LOG_SUFFIX, SEGMENT_FILE_SUFFIXES, file_name
 from cleaner.storage.staged import StagedSegment
 from cleaner.storage.topic_partition import TopicPartition
+
+from .plan import dir_fingerprint, root_fingerprint
 
 
 def open_for_commit(partition_dir: Path, rule: TopicRule, log_start_offset: int | None) -> Log:
@@ -81,3 +92,26 @@ def write_output_root(out_root: Path, src_root: str | os.PathLike[str], updates:
     entries = {tp: off for tp, off in current.items() if tp in keep}
     entries.update(updates)
     out_cp.write(entries)
+
+
+def commit_identity(
+    roots: Iterable[str | os.PathLike[str]], partition_dirs: Iterable[str | os.PathLike[str]]
+) -> dict[str, Any]:
+    """What a commit left at its paths: the log dirs' root files the cleaner reads and every
+    file of the partitions (name, size, mtime), as the plan's identity sees them. A commit
+    that changed a partition or a checkpoint leaves something different from what it was
+    planned from, so a restore of the planned state is told apart from the committed one.
+    JSON-shaped, to be stored in the run's ``COMMITTED`` marker."""
+    identity = {
+        "roots": {os.fspath(r): root_fingerprint(r) for r in roots},
+        "partitions": {os.fspath(d): dir_fingerprint(d) if Path(d).is_dir() else None for d in partition_dirs},
+    }
+    return json.loads(json.dumps(identity))
+
+
+def holds_commit(identity: Mapping[str, Any] | None) -> bool:
+    """Whether the paths still hold what the commit recorded in ``identity`` left there (a
+    marker without one, written before commits recorded it, is trusted)."""
+    if not identity:
+        return True
+    return commit_identity(identity["roots"], identity["partitions"]) == identity

@@ -48,6 +48,8 @@ from cleaner.storage.segment import LOG_SUFFIX, SEGMENT_FILE_SUFFIXES, file_name
 from cleaner.storage.staged import staged_segments, swap_in
 
 from .commit import (
+    commit_identity,
+    holds_commit,
     open_for_commit,
     swap_applied,
     update_cleaner_checkpoint,
@@ -65,6 +67,7 @@ from .plan import (
     run_id,
 )
 from .staging import (
+    COMMITTED,
     MANIFEST,
     STAGING_DIR_NAME,
     RunDir,
@@ -191,6 +194,9 @@ def compact(
         }
         run = RunDir(staging_root, run_id("compact", identity))
         result = CompactResult(run.id, "committed")
+        if run.committed and not holds_commit((run.read_json(COMMITTED) or {}).get("identity")):
+            log.warning("run %s: its paths no longer hold what it committed (restored?): planning it again", run.id)
+            shutil.rmtree(run.path)
         if run.committed:
             result.status = "already-committed"
             result.partitions = (run.read_json(MANIFEST) or {}).get("partitions", [])
@@ -413,7 +419,16 @@ def commit(run: RunDir, manifest: Mapping[str, Any], policy: Policy) -> dict[str
                     checkpoints[p["root"]].pop(ref.tp, None)
         for root, _ in manifest["roots"]:
             update_cleaner_checkpoint(root, checkpoints.get(root, {}))
-    run.mark_committed({"partitions": len(manifest["partitions"]), "notCommitted": failed})
+    refs = [PartitionRef(p["root"], p["topic"], p["partition"]) for p in manifest["partitions"]]
+    if manifest["output"] is not None:
+        out = Path(manifest["output"])
+        roots = [out / key for _, key in manifest["roots"]]
+        dirs = [out / p["rootKey"] / ref.tp.dir_name for p, ref in zip(manifest["partitions"], refs, strict=True)]
+    else:
+        roots = [root for root, _ in manifest["roots"]]
+        dirs = [ref.path for ref in refs]
+    identity = commit_identity(roots, dirs)
+    run.mark_committed({"partitions": len(refs), "notCommitted": failed, "identity": identity})
     run.clean_up()
     return failed
 

@@ -33,6 +33,8 @@ from cleaner.storage.lock import LogDirLock
 from cleaner.storage.staged import staged_segments, swap_in
 
 from .commit import (
+    commit_identity,
+    holds_commit,
     open_for_commit,
     swap_applied,
     update_cleaner_checkpoint,
@@ -52,7 +54,7 @@ from .plan import (
     root_fingerprint,
     run_id,
 )
-from .staging import MANIFEST, STAGING_DIR_NAME, RunDir, copy_tree, maybe_fail, publish_dir
+from .staging import COMMITTED, MANIFEST, STAGING_DIR_NAME, RunDir, copy_tree, maybe_fail, publish_dir
 
 log = logging.getLogger("cleaner.spark.compact_large")
 
@@ -152,6 +154,9 @@ def _run(
     }
     run = RunDir(staging_root, run_id("compact-large", identity))
     result = CompactLargeResult(run.id, "committed", str(ref.path))
+    if run.committed and not holds_commit((run.read_json(COMMITTED) or {}).get("identity")):
+        log.warning("%s: run %s no longer holds what it committed (restored?): planning it again", ref.path, run.id)
+        shutil.rmtree(run.path)
     if run.committed:
         result.status = "already-committed"
         done = run.read_json(MANIFEST) or {}
@@ -263,7 +268,8 @@ def commit(run: RunDir, manifest: Mapping[str, Any], policy: Policy) -> None:
                 publish_dir(work, out / ref.tp.dir_name, run.path / "trash")
             run.write_json("PUBLISHED", {})
         write_output_root(out, ref.root, updates)
-    run.mark_committed({"endOffset": manifest["endOffset"]})
+    root, final = (ref.root, ref.path) if manifest["output"] is None else (out, out / ref.tp.dir_name)
+    run.mark_committed({"endOffset": manifest["endOffset"], "identity": commit_identity([root], [final])})
     run.clean_up()
 
 

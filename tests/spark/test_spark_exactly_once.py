@@ -4,6 +4,9 @@ commit changes nothing."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import pytest
 from kafka_logs import snapshot_dir
 from spark_helpers import LARGE_TP, NOW, assert_same_partitions, checkpoint, compacted, copy_of, tree
@@ -77,3 +80,51 @@ def test_compact_copy_on_write_killed_then_finished(spark, tmp_path, fleet, flee
     assert_same_partitions(fleet_cleaned, out / "data", compacted(fleet, fleet_policy))
     assert checkpoint(out / "data") == checkpoint(fleet_cleaned)
     assert snapshot_dir(fleet) == source
+
+
+def restore(backup, path) -> None:
+    """A restore from a backup taken with ``cp -a``: what is at the path goes, the backup's
+    files come back with their names, sizes and mtimes."""
+    shutil.rmtree(path)
+    subprocess.run(["cp", "-a", str(backup), str(path)], check=True)
+
+
+def test_a_cp_a_restore_of_dirty_data_at_a_cleaned_path_is_cleaned_again(
+    spark, tmp_path, fleet, fleet_cleaned, fleet_policy
+):
+    """``cp -a`` gives back every name, size, mtime and checkpoint the first run was planned
+    from, so the plan's id is the committed run's: the rerun must see that the path no longer
+    holds what that commit left, and clean, not answer ``already-committed``."""
+    dirty = tmp_path / "dirty"
+    subprocess.run(["cp", "-a", str(fleet), str(dirty)], check=True)
+    data = tmp_path / "data"
+    subprocess.run(["cp", "-a", str(dirty), str(data)], check=True)
+    first = compact(spark, [data], fleet_policy, now_ms=NOW)
+    assert first.status == "committed"
+    assert_same_partitions(fleet_cleaned, data, compacted(fleet, fleet_policy))
+
+    restore(dirty, data)
+    assert_same_partitions(dirty, data, compacted(fleet, fleet_policy))
+    again = compact(spark, [data], fleet_policy, now_ms=NOW)
+    assert again.status == "committed", again.status
+    assert {r["action"] for r in again.rows()} == {"cleaned"}
+    assert_same_partitions(fleet_cleaned, data, compacted(fleet, fleet_policy))
+    assert checkpoint(data) == checkpoint(fleet_cleaned)
+
+
+def test_a_cp_a_restore_of_a_dirty_partition_is_cleaned_again_by_compact_large(
+    spark, tmp_path, large, large_cleaned, large_policy
+):
+    dirty = tmp_path / "dirty"
+    subprocess.run(["cp", "-a", str(large), str(dirty)], check=True)
+    data = tmp_path / "data"
+    subprocess.run(["cp", "-a", str(dirty), str(data)], check=True)
+    assert compact_large(spark, data / LARGE_TP.dir_name, large_policy, now_ms=NOW).status == "committed"
+    assert_same_partitions(large_cleaned, data, [LARGE_TP])
+
+    restore(dirty, data)
+    assert_same_partitions(dirty, data, [LARGE_TP])
+    again = compact_large(spark, data / LARGE_TP.dir_name, large_policy, now_ms=NOW)
+    assert again.status == "committed", again.status
+    assert_same_partitions(large_cleaned, data, [LARGE_TP])
+    assert checkpoint(data) == checkpoint(large_cleaned)

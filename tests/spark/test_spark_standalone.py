@@ -1,0 +1,154 @@
+"""The jobs on a real standalone cluster (a master and two workers, ``standalone_cluster``),
+submitted as a user submits them: ``spark-submit --master spark://... submit.py <job> ...``
+with the installed package on every executor. The outputs are byte-identical to
+``kafka-cleaner clean`` on the same input and ``--now-ms``; an executor JVM killed while a
+phase runs is replaced by its worker, the task is retried, and the output is still the same
+bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from kafka_logs import snapshot_dir
+from spark_helpers import (
+    FLEET_POLICY,
+    LARGE_POLICY,
+    LARGE_TP,
+    NOW,
+    assert_same_partitions,
+    checkpoint,
+    compacted,
+    log_bytes,
+)
+from standalone_cluster import StandaloneCluster, wait_for
+
+import cleaner.spark.submit
+from cleaner.cli import main
+from cleaner.config import parse_policy_text
+from cleaner.spark.report import STATUS_COLUMNS
+from cleaner.spark.staging import MANIFEST
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark")]
+
+SUBMIT_APP = Path(cleaner.spark.submit.__file__)
+"""The application file, from the installed package (docs/spark.md: every executor has it)."""
+JOB_WITHIN_S = 300
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    c = StandaloneCluster(tmp_path_factory.mktemp("standalone"))
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+def policy_file(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "policy.yaml"
+    p.write_text(text)
+    return p
+
+
+def submit(cluster: StandaloneCluster, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        cluster.submit_command(SUBMIT_APP, *args),
+        env=cluster.env(),
+        cwd=cwd,
+        capture_output=True,
+        timeout=JOB_WITHIN_S,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-4000:]
+    return done
+
+
+def test_report_on_the_cluster_agrees_with_status_and_a_clean(cluster, tmp_path, fleet, fleet_cleaned):
+    before = snapshot_dir(fleet)
+    policy = policy_file(tmp_path, FLEET_POLICY)
+    out = tmp_path / "report"
+    submit(
+        cluster, tmp_path, "report", str(fleet), "--policy", str(policy), "--now-ms", str(NOW),
+        "--output", str(out), "--format", "json",
+    )  # fmt: skip
+    assert snapshot_dir(fleet) == before
+    rows = [json.loads(line) for p in (out / "partitions").glob("part-*.json") for line in p.read_text().splitlines()]
+    printed = CliRunner().invoke(main, ["status", str(fleet), "--policy", str(policy), "--now-ms", str(NOW), "--json"])
+    assert printed.exit_code == 0, printed.output
+    status = {(s["topic"], s["partition"]): s for s in json.loads(printed.output)}
+    assert len(rows) == len(status) == 10
+    for row in rows:
+        s = status[(row["topic"], row["partition"])]
+        assert {name: row.get(name) for name, _ in STATUS_COLUMNS} == {name: s.get(name) for name, _ in STATUS_COLUMNS}
+        directory = f"{row['topic']}-{row['partition']}"
+        if s["compacted"]:
+            reclaimed = log_bytes(fleet / directory) - log_bytes(fleet_cleaned / directory)
+            assert row["reclaimableBytes"] == reclaimed > 0
+
+
+def test_compact_on_the_cluster_is_byte_identical(cluster, tmp_path, fleet, fleet_cleaned):
+    before = snapshot_dir(fleet)
+    out = tmp_path / "out"
+    policy = policy_file(tmp_path, FLEET_POLICY)
+    submit(
+        cluster, tmp_path, "compact", str(fleet), "--policy", str(policy), "--output", str(out), "--now-ms", str(NOW)
+    )
+    assert snapshot_dir(fleet) == before
+    tps = compacted(fleet, parse_policy_text(FLEET_POLICY))
+    assert_same_partitions(fleet_cleaned, out / "data", tps)
+    assert checkpoint(out / "data") == checkpoint(fleet_cleaned)
+
+
+def test_compact_large_survives_an_executor_killed_mid_phase(cluster, tmp_path, large, large_cleaned):
+    """Phase 2 has begun when a task made its attempt directory in the run's staging area,
+    and the job is still running while the manifest is not written: the executor JVM is
+    SIGKILLed in between. Its worker starts a new executor (a third executor directory of the
+    application), the lost tasks run again, and the round is the same bytes."""
+    out = tmp_path / "out"
+    staging = tmp_path / "staging"
+    policy = policy_file(tmp_path, LARGE_POLICY)
+    apps_before = app_dirs(cluster)
+    job = subprocess.Popen(
+        cluster.submit_command(
+            SUBMIT_APP, "compact-large", str(large / LARGE_TP.dir_name), "--policy", str(policy),
+            "--output", str(out), "--staging", str(staging), "--now-ms", str(NOW),
+        ),
+        env=cluster.env(),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+
+        def phase2_running() -> list[int] | None:
+            runs = list(staging.glob("compact-large-*")) if staging.is_dir() else []
+            started = any(any((run / "attempts").glob("*")) for run in runs if (run / "attempts").is_dir())
+            pids = [pid for pid, app in cluster.executor_pids().items() if app not in apps_before]
+            return pids if started and pids else None
+
+        pids = wait_for("phase 2 of compact-large", phase2_running, JOB_WITHIN_S, [*cluster.procs, job])
+        (run,) = staging.iterdir()
+        os.kill(pids[0], signal.SIGKILL)
+        assert not (run / MANIFEST).exists(), "the job finished before the executor was killed"
+        _, stderr = job.communicate(timeout=JOB_WITHIN_S)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, stderr.decode()[-4000:]
+    assert_same_partitions(large_cleaned, out, [LARGE_TP])
+    assert checkpoint(out) == checkpoint(large_cleaned)
+    # The application's executors: two at the start, and the one the worker started again.
+    (app,) = set(app_dirs(cluster)) - set(apps_before)
+    executors = [d for w in cluster.base.glob("worker-*") for d in (w / app).glob("*") if d.is_dir()]
+    assert len(executors) >= 3, executors
+
+
+def app_dirs(cluster: StandaloneCluster) -> list[str]:
+    """The applications the workers ran executors for (``<work dir>/<app id>/<executor id>``)."""
+    return sorted({d.name for w in cluster.base.glob("worker-*") for d in w.iterdir() if d.is_dir()})
