@@ -696,8 +696,10 @@ def _print_status(statuses: list[cleaning.PartitionStatus], fmt: str) -> None:
     ]
     lines += [_lso_line(s) for s in statuses if s.report.lso_holder is not None or s.report.reason == "lso"]
     lines += [
-        f"{s.report.topic_partition}: {line}" for s in statuses if s.deletion and (line := s.deletion.describe())
-    ]
+        f"{s.report.topic_partition}: {line}"
+        for s in statuses
+        if s.deletion and s.deletion.deadline_ms is not None and (line := s.deletion.describe())
+    ]  # the ages of partitions without a deadline are in --json
     for line in lines:
         click.echo(line)
     click.echo(
