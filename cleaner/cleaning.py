@@ -347,6 +347,13 @@ def _next_clean(
             delete_retention_ms=managed.rule.delete_retention_ms,
             throttle=throttle,
         )
+    except FileChangedError as e:
+        log.info(
+            "%s changed during the estimate of its next clean (%s): the next scan estimates again",
+            report.topic_partition,
+            e,
+        )
+        return None
     except (KafkaCleanerError, OSError) as e:
         log.warning("cannot estimate the next clean of %s: %s", report.topic_partition, e)
         return None

@@ -342,7 +342,10 @@ class LogSegment:
 
     @property
     def last_modified_ms(self) -> int:
-        return self.log_path.stat().st_mtime_ns // 1_000_000
+        try:
+            return self.log_path.stat().st_mtime_ns // 1_000_000
+        except FileNotFoundError as e:
+            raise FileVanishedError(self.log_path) from e
 
     def set_last_modified(self, ms: int) -> None:
         """The cleaner copies the last source segment's mtime onto its output: mtime is the

@@ -229,6 +229,39 @@ def test_one_partition_failing_mid_scan_keeps_every_other_status(
         assert _picture(sc) == others
 
 
+def test_a_segment_deleted_before_the_next_clean_estimate_is_looked_at_again(
+    tmp_path: Path, make_log_dir: MakeLogDir, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retention or a topic deletion removes a segment between the scan's listing and the
+    estimate of the next clean, which reads each segment's mtime. Old code: a raw
+    ``FileNotFoundError`` from ``last_modified_ms``, logged as a WARNING "cannot estimate the
+    next clean" (the soak's finding "uncleanable: ENOENT (raw errno)"); now a file that
+    changed, looked at again at the next scan."""
+    data = make_log_dir()
+    policy = write_policy(tmp_path / "p.yaml", mode="observe")
+    sc = new_sidecar(policy, [data])
+    pdir = data / "topic-0-0"
+    real_shape = cleaner.cleaning.section_shape
+    removed: list[str] = []
+
+    def shape_after_retention(the_log: Any, first_dirty: int, first_uncleanable: int) -> tuple:
+        if the_log.dir == pdir and not removed:
+            first = min(pdir.glob("*.log"))
+            first.unlink()  # the broker's ``.deleted`` rename, then its delete
+            removed.append(first.name)
+        return real_shape(the_log, first_dirty, first_uncleanable)
+
+    monkeypatch.setattr(cleaner.cleaning, "section_shape", shape_after_retention)
+    with caplog.at_level("INFO"):
+        doc = next_scan(sc)
+    assert removed, "the hook never ran: no estimate was made for topic-0-0"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+    assert not warnings, warnings
+    assert _partitions(doc)["topic-0-1"]["nextClean"] is not None, "another partition lost its estimate"
+    # The next scan sees the log without that segment and estimates again.
+    assert _partitions(next_scan(sc))["topic-0-0"]["nextClean"] is not None
+
+
 # -- (c) the real loop survives -------------------------------------------------------------------
 
 
