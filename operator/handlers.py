@@ -72,6 +72,8 @@ from compaction_operator.rollout import (
     held_by,
     hold_ops,
     how_to_roll,
+    isr_wait_after,
+    isr_wait_before,
     next_to_roll,
     pending,
     pod_view,
@@ -916,14 +918,12 @@ class Operator:
                 else:
                     pick = next_to_roll(waiting)
                     assert pick is not None
-                    before = ((previous.get("brokers") or {}).get(pick.name) or {}).get("partitions")
-                    await self.call(kube.delete_pod, namespace, pick.name, pick.uid)
-                    rollout["rolling"] = {"pod": pick.name, "uid": pick.uid, "since": format_time(now),
-                                          **({"partitionsBefore": before} if before is not None else {})}
-                    message = f"{workload}: deleted pod {pick.name} so that it comes back with the wanted sidecar"
-                    kopf.event(body, type="Normal", reason="RollingBroker", message=message)
-                    logger.info(message + ".")
-                    rollout["gate"] = f"waiting for {pick.name} to come back"
+                    scrape = scrapes.get(pick.name)
+                    unsafe = isr_wait_before(pick.name, scrape.report if scrape is not None else None)
+                    if unsafe is not None:
+                        rollout["gate"] = unsafe
+                    else:
+                        await self._delete_for_roll(body, namespace, workload, pick, previous, rollout, now, logger)
         elif not waiting:
             rollout.pop("gate", None)
 
@@ -938,6 +938,20 @@ class Operator:
                 kopf.event(body, type="Normal", reason="RolloutComplete", message=f"{workload}: every pod runs "
                            "the wanted sidecar; its own updateStrategy is back")
         return Outcome()
+
+    async def _delete_for_roll(self, body: Mapping[str, Any], namespace: str, workload: Workload, pick: PodView,
+                               previous: Mapping[str, Any], rollout: dict[str, Any], now: datetime.datetime,
+                               logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        """A paced step: delete ``pick`` so that it comes back from the template with the wanted
+        sidecar, and remember it (``rollout.rolling``) until it is back (:meth:`_rolled`)."""
+        before = ((previous.get("brokers") or {}).get(pick.name) or {}).get("partitions")
+        await self.call(self._kube().delete_pod, namespace, pick.name, pick.uid)
+        rollout["rolling"] = {"pod": pick.name, "uid": pick.uid, "since": format_time(now),
+                              **({"partitionsBefore": before} if before is not None else {})}
+        message = f"{workload}: deleted pod {pick.name} so that it comes back with the wanted sidecar"
+        kopf.event(body, type="Normal", reason="RollingBroker", message=message)
+        logger.info(message + ".")
+        rollout["gate"] = f"waiting for {pick.name} to come back"
 
     @staticmethod
     def _rolled(view: PodView | None, rolling: Mapping[str, Any], wanted: str | None,
@@ -966,6 +980,10 @@ class Operator:
         if before is not None and held < before:
             return False, (f"{pod} reports {held} partitions in its log dirs, {before} before its restart: "
                            "replicas are missing (under-replicated as far as the reports can tell)")
+        restarted = datetime.datetime.fromisoformat(rolling["since"].replace("Z", "+00:00"))
+        behind = isr_wait_after(pod, scrape.report, restarted)
+        if behind is not None:
+            return False, behind
         return True, ""
 
     async def _roll_back(self, body: Mapping[str, Any], policy: Policy, workload: Workload,

@@ -54,6 +54,8 @@ __all__ = [
     "held_by",
     "hold_ops",
     "how_to_roll",
+    "isr_wait_after",
+    "isr_wait_before",
     "next_to_roll",
     "pending",
     "pod_view",
@@ -299,6 +301,60 @@ def rollback_gate(pods: Sequence[PodView], expected: Sequence[str] | None, stuck
             return pick, (f"waiting: the StatefulSet's updateStrategy (partition {partition}) would bring "
                           f"{pick.name} back from its current revision, with the sidecar")
     return pick, None
+
+
+# --------------------------------------------------------------------------------------------
+# The ISR gate of a paced step (issue 20, item 6): what the brokers' own metadata says
+# --------------------------------------------------------------------------------------------
+
+
+def _partitions(n: int) -> str:
+    return f"{n} partition" + ("" if n == 1 else "s")
+
+
+def _examples(listed: Mapping[str, Any]) -> str:
+    names = listed.get("examples") or []
+    more = int(listed.get("count") or 0) - len(names)
+    return ", ".join(names) + (f" and {more} more" if more > 0 else "")
+
+
+def isr_wait_after(pod: str, report: Mapping[str, Any], restarted: datetime.datetime) -> str | None:
+    """Why the broker the operator restarted (at ``restarted``) is not back in sync yet, from
+    its sidecar's ``inSync`` section (``cleaner/in_sync.py``), or None: it is in the ISR of
+    every partition it replicates, as metadata newer than the restart says (a view from before
+    the restart would show it in sync: it was). A report without the section (no KRaft metadata
+    on the broker's disks, an older sidecar) says nothing here: the partition count stands."""
+    in_sync = report.get("inSync")
+    if not in_sync:
+        return None
+    seen = datetime.datetime.fromtimestamp(in_sync["metadataTimeMs"] / 1000, tz=datetime.UTC)
+    if seen <= restarted:
+        return (f"the metadata {pod}'s sidecar reads ends at {_format(seen)}, before the restart at "
+                f"{_format(restarted)}: waiting for a current view of the ISRs")
+    out = in_sync["outOfIsr"]
+    if out["count"]:
+        return (f"{pod} is out of the ISR of {out['count']} of its {_partitions(in_sync['replicas'])} "
+                f"({_examples(out)}): catching up")
+    return None
+
+
+def isr_wait_before(pod: str, report: Mapping[str, Any] | None) -> str | None:
+    """Why ``pod``'s broker must not be restarted now, from its sidecar's ``inSync`` section,
+    or None. As Strimzi's KafkaRoller (``KafkaAvailability.canRoll``): not while a partition
+    whose ISR holds it would drop below ``min.insync.replicas`` without it (producers with
+    ``acks=all`` would fail), nor while one it is in sync for is under-replicated already (its
+    absence would leave fewer copies still)."""
+    in_sync = (report or {}).get("inSync")
+    if not in_sync:
+        return None
+    at_min, under = in_sync["atMinIsr"], in_sync["underReplicated"]
+    if at_min["count"]:
+        return (f"waiting: restarting {pod} now would take {_partitions(at_min['count'])} below "
+                f"min.insync.replicas ({_examples(at_min)})")
+    if under["count"]:
+        return (f"waiting: {pod} is in sync for {_partitions(under['count'])} that are under-replicated "
+                f"({_examples(under)}); restarting it would leave fewer copies")
+    return None
 
 
 def next_to_roll(waiting: Sequence[PodView]) -> PodView | None:

@@ -24,6 +24,15 @@ _BYTES = {"type": "integer", "minimum": 0}
 _RATIO = {"type": "number", "minimum": 0, "maximum": 1}
 _SECONDS = {"type": "number", "minimum": 0}
 
+_PARTITION_LIST: dict[str, Any] = {
+    "type": "object",
+    "required": ["count", "examples"],
+    "properties": {
+        "count": _COUNT,
+        "examples": {"type": "array", "maxItems": 5, "items": {"type": "string"}},
+    },
+}
+
 _DELETION: dict[str, Any] = {
     "type": ["object", "null"],
     "description": (
@@ -269,6 +278,32 @@ SCHEMA: dict[str, Any] = {
                     },
                 },
                 "lastCommit": {"type": "array", "items": {"type": "object"}},
+            },
+        },
+        "inSync": {
+            "type": "object",
+            "description": (
+                "This broker's place in the ISRs, from the KRaft metadata log on its own disk (cleaner/in_sync.py): "
+                "what a Paced rollout waits for before and after it restarts a broker. Optional; absent without a "
+                "metadata log or a node.id (ZooKeeper mode, a disk without __cluster_metadata)."
+            ),
+            "required": ["brokerId", "replicas", "outOfIsr", "underReplicated", "atMinIsr", "metadataOffset",
+                         "metadataTimeMs"],
+            "properties": {
+                "brokerId": {"type": "integer", "minimum": 0},
+                "replicas": _COUNT | {"description": "Partitions this broker holds a replica of."},
+                "outOfIsr": _PARTITION_LIST | {
+                    "description": "Partitions it replicates outside the ISR, or all of them while it is fenced."},
+                "underReplicated": _PARTITION_LIST | {
+                    "description": "Partitions whose ISR holds it and is smaller than the replica set."},
+                "atMinIsr": _PARTITION_LIST | {
+                    "description": "Partitions whose ISR holds it and has at most min.insync.replicas members (as "
+                    "the metadata holds it; Kafka's default 1 where only server.properties sets it): without "
+                    "this broker they are below it."},
+                "noSpareReplica": _COUNT | {
+                    "description": "Partitions whose replication factor is at most min.insync.replicas."},
+                "metadataOffset": _COUNT,
+                "metadataTimeMs": {"type": "integer", "description": "The newest metadata record's timestamp."},
             },
         },
         "replicas": {

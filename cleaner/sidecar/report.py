@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cleaner.cleaning import PartitionStatus
+from cleaner.in_sync import InSync
 from cleaner.storage.topic_partition import TopicPartition
 
 STATUS_VERSION = 1
@@ -116,6 +117,9 @@ class ScanSnapshot:
     statuses: list[PartitionStatus] = field(default_factory=list)
     log_dirs: list[LogDirInfo] = field(default_factory=list)
     staged_bytes: dict[TopicPartition, int] = field(default_factory=dict)
+    in_sync: InSync | None = None
+    """This broker's place in the ISRs (``cleaner.in_sync``); None without a KRaft metadata
+    log on these disks or a broker id."""
 
     def topics(self) -> list[TopicSummary]:
         by_topic: dict[str, TopicSummary] = {}
@@ -237,6 +241,8 @@ def build_status(
     # Room kept for the replicas section (at least its empty form) and for what the service
     # adds after (gate, stage): the whole document then stays under MAX_STATUS_BYTES.
     doc = _bounded(doc, keep_partitions=len(top), limit=MAX_STATUS_BYTES - REPLICA_RESERVE_BYTES - _EMPTY_REPLICAS)
+    if snapshot is not None and snapshot.in_sync is not None:
+        doc["inSync"] = snapshot.in_sync.as_status()
     if snapshot is not None:
         room = min(MAX_REPLICA_BYTES, MAX_STATUS_BYTES - REPLICA_RESERVE_BYTES - _size(doc))
         doc["replicas"] = replica_section(snapshot.statuses, snapshot.scanned_at_ms, room)
@@ -255,6 +261,7 @@ def replica_section(statuses: Iterable[PartitionStatus], scanned_at_ms: int, roo
 
     entries: list[dict[str, Any]] = []
     used = len('{"rotation":,"partitions":[],"omitted":}') + 2 * 20
+
     def at_risk(s: PartitionStatus) -> bool:
         # A partition with a replica out of sync goes first: the race check needs it every round.
         replication = s.replica.replication if s.replica is not None else None

@@ -60,6 +60,7 @@ from cleaner.engine.next_clean import NextCleanCache
 from cleaner.engine.offset_map import OffsetMap
 from cleaner.engine.throttler import Throttler
 from cleaner.errors import FileChangedError, KafkaCleanerError, LogDirLockedError, ThreadShutdownError
+from cleaner.in_sync import InSync, in_sync
 from cleaner.storage.lock import LogDirLock
 from cleaner.storage.log_dir import LogDirectory
 from cleaner.storage.topic_partition import TopicPartition
@@ -417,6 +418,7 @@ class Sidecar:
             statuses,
             self._log_dir_infos(statuses, observer),
             self._controller.staged_bytes() if self._controller else {},
+            previous.in_sync if failed and previous is not None else self._in_sync(observer),
         )
         with self._lock:
             self.snapshot = snapshot
@@ -424,6 +426,13 @@ class Sidecar:
             # not doing its job, whatever the reason).
             self.ready = bool(self.log_dirs)
         return snapshot
+
+    def _in_sync(self, observer: LogCleanerManager) -> InSync | None:
+        """This broker's place in the ISRs, from the metadata the scan's manager just read
+        (what a Paced rollout waits for: ``cleaner.in_sync``)."""
+        if observer.cluster_metadata is None or observer.broker_id is None:
+            return None
+        return in_sync(observer.cluster_metadata, observer.broker_id)
 
     def _deletion_cache(self, policy: Policy) -> DeletionCache:
         """The deletion facts' cache, kept across scans (a new one when the policy resizes it)."""

@@ -102,6 +102,7 @@ BROKER_SYNONYMS: dict[str, tuple[tuple[str, int], ...]] = {
     ),
     "retention.bytes": (("log.retention.bytes", 1),),
     "remote.storage.enable": (),
+    "min.insync.replicas": (("min.insync.replicas", 1),),
 }
 
 
@@ -162,6 +163,10 @@ class ClusterMetadata:
     partitions: dict[tuple[uuid.UUID, int], _PartitionState] = field(default_factory=dict)
     fenced_since_ms: dict[int, int] = field(default_factory=dict)
     """Broker id -> when it was fenced (or unregistered), for the brokers fenced now."""
+    last_record_ms: int = -1
+    """The timestamp of the newest metadata record read: a live quorum appends a ``NoOpRecord``
+    every ``metadata.max.idle.interval.ms`` (500 ms by default), so this says how current the
+    replay is (-1: no record read)."""
 
     def replication(self, topic: str, partition: int) -> Replication | None:
         """The partition's replicas, ISR and leader, and which replicas are out of sync since
@@ -315,8 +320,10 @@ class _Replay:
                 if value is None:
                     continue
                 batch_position = int(selected.file_positions[int(cols.batch[i])])
-                self.record(memoryview(value), str(path), batch_position, offset, int(cols.timestamps[i]))
+                timestamp_ms = int(cols.timestamps[i])
+                self.record(memoryview(value), str(path), batch_position, offset, timestamp_ms)
                 self.state.end_offset = offset + 1
+                self.state.last_record_ms = max(self.state.last_record_ms, timestamp_ms)
         return position
 
     def record(self, value: memoryview, path: str, position: int, offset: int, timestamp_ms: int = -1) -> None:

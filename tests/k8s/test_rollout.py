@@ -206,6 +206,9 @@ class FakeSidecars:
 
     def __init__(self, port: int) -> None:
         self.partitions = 4
+        self.in_sync: dict[str, int] | None = None
+        """Counts of ``outOfIsr``, ``underReplicated`` and ``atMinIsr`` for an ``inSync``
+        section (its metadata as of now), or None for a report without one."""
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -233,6 +236,12 @@ class FakeSidecars:
                         "maxCompactionDelaySeconds": 0.0, "bytesReclaimedTotal": 0, "stagedBytes": 0,
                         "state": "observing"},
             "topics": [], "partitions": [], "errors": [],
+            **({"inSync": {
+                "brokerId": 0, "replicas": 10, "noSpareReplica": 0, "metadataOffset": 100,
+                "metadataTimeMs": int(time.time() * 1000),
+                **{key: {"count": n, "examples": [f"orders-{i}" for i in range(min(n, 5))]}
+                   for key, n in self.in_sync.items()},
+            }} if self.in_sync is not None else {}),
         }  # fmt: skip
 
     def close(self) -> None:
@@ -414,7 +423,23 @@ def test_paced_rolls_one_broker_at_a_time_and_waits_for_the_reports(cluster: Api
             others = {n: u for n, u in _uids(_pods(cluster)).items() if n != "broker-2"}
             time.sleep(3)  # three reporting rounds: still waiting
             assert {n: u for n, u in _uids(_pods(cluster)).items() if n != "broker-2"} == others
+            # -- back with every partition, not yet in every ISR: the roll waits ---------------------
+            fake.in_sync = {"outOfIsr": 3, "underReplicated": 0, "atMinIsr": 0}
             fake.partitions = 4
+            gate = wait_for(lambda: "out of the ISR" in (g := cluster.status("paced")["rollout"].get("gate", ""))
+                            and g, timeout=TIMEOUT, what="the gate closed by the ISR")  # fmt: skip
+            assert "broker-2 is out of the ISR of 3 of its 10 partitions (orders-0, orders-1, orders-2)" in gate
+            time.sleep(3)
+            assert {n: u for n, u in _uids(_pods(cluster)).items() if n != "broker-2"} == others
+            # -- in sync, but broker-1's restart would leave a partition below min ISR: it waits --
+            fake.in_sync = {"outOfIsr": 0, "underReplicated": 1, "atMinIsr": 1}
+            gate = wait_for(lambda: "min.insync.replicas" in (g := cluster.status("paced")["rollout"].get("gate", ""))
+                            and g, timeout=TIMEOUT, what="the next step held by min ISR")  # fmt: skip
+            assert gate == ("waiting: restarting broker-1 now would take 1 partition below min.insync.replicas "
+                            "(orders-0)")
+            time.sleep(3)
+            assert {n: u for n, u in _uids(_pods(cluster)).items() if n != "broker-2"} == others
+            fake.in_sync = {"outOfIsr": 0, "underReplicated": 0, "atMinIsr": 0}
             new = _template_hash(cluster)
             wait_for(lambda: _all_ready(cluster, 3, new), timeout=3 * TIMEOUT, what="three pods with the new sidecar")
         assert observer.worst <= 1, f"{observer.worst} brokers unavailable at once"

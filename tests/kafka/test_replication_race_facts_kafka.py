@@ -1,7 +1,10 @@
 """The replication race facts read from a real cluster's disks (issue 24, item 2): with one
 broker stopped, the leader's ``__cluster_metadata`` names it out of the ISR and fenced, the
 leader's replica facts report the tombstone above the stopped replica's log end offset with its
-earliest removal time, and the operator's pure function names the stopped replica at risk."""
+earliest removal time, and the operator's pure function names the stopped replica at risk. The
+same disks give the Paced rollout's ISR gate (issue 20, item 6): the stopped broker out of the
+ISR, the other one alone in it (not to be restarted), then the restarted one back in sync as
+its own disk says, through metadata newer than its restart."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from kafka_broker import EACH_KAFKA_LINE, RealBroker, wait_until
 from cleaner.clock import SystemTime
 from cleaner.config import parse_policy_text
 from cleaner.engine.manager import LogCleanerManager
+from cleaner.in_sync import in_sync as in_sync_of
 from cleaner.replica_facts import replica_facts
 from cleaner.storage.cluster_metadata import find_metadata_dir, read_cluster_metadata
 from cleaner.storage.log_dir import LogDirectory
@@ -128,7 +132,28 @@ def test_the_leaders_metadata_names_the_stopped_replica_and_the_tombstone_it_lac
             21,
             ("kafka-1",),
         )
-        print(f"Kafka {line}: facts named the stopped replica in {time.monotonic() - started:.0f} s")
+
+        # The ISR gate of a paced roll (issue 20, item 6), from the same disks: broker 2 is out;
+        # broker 1 is the only copy in sync, so its restart now would cost availability.
+        leader_view = read_cluster_metadata(find_metadata_dir([one.metadata_dir]))
+        assert f"{TOPIC}-0" in in_sync_of(leader_view, 2).out_of_isr
+        alone = in_sync_of(leader_view, 1)
+        assert f"{TOPIC}-0" in alone.under_replicated and f"{TOPIC}-0" in alone.at_min_isr
+        assert alone.metadata_time_ms >= stopped_at
+        # Broker 2 restarts: its own sidecar's view (what the operator reads of the rolled
+        # broker) shows it back in the ISR only through metadata newer than the restart.
+        restarted_at = int(time.time() * 1000)
+        two.start()
+
+        def back() -> bool:
+            view = in_sync_of(read_cluster_metadata(find_metadata_dir([two.metadata_dir])), 2)
+            return view.metadata_time_ms > restarted_at and not view.out_of_isr
+
+        wait_until(back, "broker 2 back in every ISR, as its own disk says")
+        assert one.partition_state(TOPIC)["isr"] in ([1, 2], [2, 1])
+        wait_until(lambda: not in_sync_of(read_cluster_metadata(find_metadata_dir([one.metadata_dir])), 1).at_min_isr,
+                   "broker 1 free to restart again")  # fmt: skip
+        print(f"Kafka {line}: facts named the stopped replica, and it came back, in {time.monotonic() - started:.0f} s")
     finally:
         for node in reversed(nodes):
             if node.proc is not None:

@@ -22,6 +22,7 @@ from compaction_operator.rollout import (
     failing,
     hold_ops,
     how_to_roll,
+    isr_wait_before,
     next_to_roll,
     pending,
     pod_view,
@@ -32,7 +33,7 @@ from compaction_operator.rollout import (
     step_for,
     stuck,
 )
-from compaction_operator.status import BrokerPod, Outcome, Scrape, build_status
+from compaction_operator.status import BrokerPod, Outcome, Scrape, build_status, parse_report
 from operator_samples import make_policy, make_report
 
 from cleaner.config import RolloutStrategy
@@ -422,3 +423,45 @@ def test_paced_drains_a_former_target_one_pod_at_a_time_of_the_old_revision_only
     # Before the StatefulSet controller has seen the template, a deleted pod comes back from the old one.
     stale = {**held, "status": {"observedGeneration": 1, "updateRevision": "kafka-new"}}
     assert drain(work, stale, views, "p", paced=True).delete is None
+
+
+def _in_sync(*, out: int = 0, under: int = 0, at_min: int = 0, time: str = "2026-01-01T11:59:30Z") -> dict[str, Any]:
+    """A sidecar's ``inSync`` section (``cleaner/in_sync.py``) with as many partitions in each list."""
+    def listed(n: int) -> dict[str, Any]:
+        return {"count": n, "examples": [f"orders-{i}" for i in range(min(n, 5))]}
+
+    ms = int(datetime.datetime.fromisoformat(time.replace("Z", "+00:00")).timestamp() * 1000)
+    return {"brokerId": 2, "replicas": 120, "outOfIsr": listed(out), "underReplicated": listed(under),
+            "atMinIsr": listed(at_min), "noSpareReplica": 0, "metadataOffset": 4_242, "metadataTimeMs": ms}
+
+
+def test_a_rolled_broker_is_back_only_once_in_every_isr_by_metadata_newer_than_its_restart() -> None:
+    rolling = {"pod": "kafka-2", "uid": "old", "since": "2026-01-01T11:59:00Z", "partitionsBefore": 120}
+    back = pod_view(pod("kafka-2"))
+
+    def rolled(in_sync: dict[str, Any]) -> tuple[bool, str]:
+        scrape = parse_report(json.dumps({**make_report("kafka-2"), "inSync": in_sync}), "kafka-2")
+        assert scrape.report is not None, scrape.error  # the schema takes the section
+        return Operator._rolled(back, rolling, "new", {"kafka-2": scrape})
+
+    assert rolled(_in_sync()) == (True, "")
+    done, why = rolled(_in_sync(out=7))
+    assert not done and why == "kafka-2 is out of the ISR of 7 of its 120 partitions (orders-0, orders-1, " \
+                               "orders-2, orders-3, orders-4 and 2 more): catching up"
+    # In sync as of before its restart: it was; that says nothing of now.
+    done, why = rolled(_in_sync(time="2026-01-01T11:58:59Z"))
+    assert not done and "before the restart at 2026-01-01T11:59:00" in why
+    # No KRaft metadata on its disks (no section): the partition count alone, as before.
+    assert Operator._rolled(back, rolling, "new", {"kafka-2": Scrape(report=make_report("kafka-2"))}) == (True, "")
+
+
+def test_a_broker_whose_restart_would_cost_availability_is_not_rolled_next() -> None:
+    report = make_report("kafka-1")
+    assert isr_wait_before("kafka-1", {**report, "inSync": _in_sync()}) is None
+    assert isr_wait_before("kafka-1", report) is None  # no section: nothing known against it
+    assert isr_wait_before("kafka-1", None) is None
+    at_min = isr_wait_before("kafka-1", {**report, "inSync": _in_sync(at_min=1, under=1)})
+    assert at_min == "waiting: restarting kafka-1 now would take 1 partition below min.insync.replicas (orders-0)"
+    under = isr_wait_before("kafka-1", {**report, "inSync": _in_sync(under=2)})
+    assert under == ("waiting: kafka-1 is in sync for 2 partitions that are under-replicated (orders-0, orders-1); "
+                     "restarting it would leave fewer copies")
