@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cleaner.config import (
+    DEFAULT_SIDECAR_MEMORY,
     RESERVED_MOUNT_PATHS,
     SIDECAR_POLICY_DIR,
     SIDECAR_POLICY_VOLUME,
@@ -137,10 +138,11 @@ RESTRICTED_SECURITY_CONTEXT: dict[str, Any] = {
 #: Guaranteed only if every container, init and sidecar containers included, has requests =
 #: limits for both). 512Mi holds the default 128 MiB offset map (cleaner.dedupeBufferSize) of
 #: one cleaner thread and the engine's buffers (a clean peaked at ~250 MB RSS, README
-#: "Performance"); raise it with dedupeBufferSize x threads.
+#: "Performance"); a policy whose limit cannot hold its offset map is refused
+#: (``cleaner.config.sidecar_memory_needed``).
 DEFAULT_RESOURCES: dict[str, dict[str, str]] = {
-    "requests": {"cpu": "250m", "memory": "512Mi"},
-    "limits": {"cpu": "250m", "memory": "512Mi"},
+    "requests": {"cpu": "250m", "memory": DEFAULT_SIDECAR_MEMORY},
+    "limits": {"cpu": "250m", "memory": DEFAULT_SIDECAR_MEMORY},
 }
 
 _CONFIGMAP_SUFFIX = "-kafka-cleaner"

@@ -28,6 +28,7 @@ from cleaner.config import (
     load_policy,
     parse_policy,
     parse_policy_text,
+    sidecar_memory_needed,
     spec_fields,
     walk_model,
 )
@@ -299,6 +300,13 @@ BAD = [
      "unknown field"),
     ({"sidecar": {"securityContext": {"capabilities": {"drop": "ALL"}}}},
      "spec.sidecar.securityContext.capabilities.drop", "must be a list"),
+    # A cleaning sidecar whose memory limit cannot hold its offset map: OOM-killed at every clean.
+    ({"mode": "compact", "target": TARGET, "cleaner": {"dedupeBufferSize": 512 * 2**20}},
+     "spec.sidecar.resources.limits.memory", "512Mi cannot hold the cleaner: cleaner.dedupeBufferSize 536870912 "
+     "bytes with 1 thread(s) needs at least 704Mi"),
+    ({"mode": "stage", "target": {**TARGET, "injection": "statefulSet"}, "cleaner": {"threads": 8},
+      "sidecar": {"resources": {"limits": {"memory": "400Mi"}}}},
+     "spec.sidecar.resources.limits.memory", "needs at least 544Mi"),
     ({"target": {**TARGET, "statefulSet": None}}, "spec.target",
      "exactly one of statefulSet or podSelector must be set, got neither"),
     ({"target": {**TARGET, "podSelector": {"matchLabels": {"app": "kafka"}}}}, "spec.target",
@@ -600,12 +608,13 @@ def targets(draw: st.DrawFn) -> dict[str, Any]:
 @st.composite
 def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     threads = draw(st.integers(1, 64))
+    dedupe = draw(st.integers(1024 * threads, LONG_MAX))
     spec: dict[str, Any] = {
         "mode": draw(st.sampled_from(["observe", "compact", "stage"])),
         "topics": draw(st.lists(topic_rules(), max_size=4)),
         "cleaner": {
             "threads": threads,
-            "dedupeBufferSize": draw(st.integers(1024 * threads, LONG_MAX)),
+            "dedupeBufferSize": dedupe,
             "dedupeBufferLoadFactor": draw(st.floats(0, 1, exclude_min=True)),
             "ioBufferSize": draw(st.integers(0, 2**31 - 1)),
             "maxIoBytesPerSecond": draw(st.none() | st.floats(1, 1e12) | st.integers(1, 2**40)),
@@ -616,7 +625,10 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
         "sidecar": {
             "port": draw(st.integers(1, 65535)),
             "image": draw(st.sampled_from(["ghcr.io/example/kafka-cleaner:0.1.0", "kafka-cleaner"])),
-            "resources": {"limits": {"memory": "512Mi", "cpu": 2}, "requests": {"cpu": "100m"}},
+            # As much memory as the cleaner needs, or more (a smaller limit is refused: see above).
+            "resources": {"limits": {"memory": str(sidecar_memory_needed(CleanerConfig(
+                threads=threads, dedupe_buffer_size=dedupe)) + draw(st.integers(0, 2**30))), "cpu": 2},
+                "requests": {"cpu": "100m"}},
             "securityContext": {"runAsUser": draw(st.integers(1, 2**31)), "capabilities": {"drop": ["ALL"]},
                                 "seccompProfile": {"type": "RuntimeDefault"}},
         },
@@ -630,6 +642,8 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         spec["target"] = draw(targets())
     keep = draw(st.sets(st.sampled_from(sorted(spec))))
+    if {"target", "cleaner"} <= keep and spec["mode"] != "observe" and "mode" in keep:
+        keep.add("sidecar")  # the default 512Mi may not hold the drawn offset map
     return {key: value for key, value in spec.items() if key in keep}
 
 
@@ -641,3 +655,17 @@ def test_valid_specs_round_trip(spec: dict[str, Any]) -> None:
     assert parse_policy(written).to_spec_dict() == written  # canonical: a fixed point
     assert parse_policy(yaml.safe_load(yaml.safe_dump(written))) == policy
     assert hash(parse_policy(written)) == hash(policy)
+
+
+def test_the_memory_bound_is_the_operators_and_a_tolerant_reader_loads_the_policy() -> None:
+    """The operator refuses a compact-mode policy whose sidecar limit cannot hold the offset map
+    (above); the sidecar, reading what an operator wrote (``unknown_fields``), loads it as it is:
+    refusing its own policy would leave it on an old generation or none."""
+    spec = {"mode": "compact", "target": TARGET, "cleaner": {"dedupeBufferSize": 512 * 2**20, "threads": 2}}
+    with pytest.raises(PolicyError, match="needs at least 736Mi"):
+        parse_policy(spec)
+    assert parse_policy(spec, unknown_fields=[]).cleaner.dedupe_buffer_size == 512 * 2**20
+    enough = {**spec, "sidecar": {"resources": {"limits": {"memory": "736Mi"}}}}
+    assert parse_policy(enough).sidecar.memory_limit == "736Mi"
+    assert parse_policy({**spec, "mode": "observe"}).mode is Mode.OBSERVE  # no offset map to hold
+    assert parse_policy({k: v for k, v in spec.items() if k != "target"}).target is None  # the CLI's
