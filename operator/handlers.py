@@ -857,8 +857,9 @@ class Operator:
             return await self._roll_back(body, policy, workload, sts, bad, wanted_hash, rollout, logger)
         # The rolled-back sidecar's stuck pods (and any recreated from a template that still had
         # it, before the StatefulSet controller or the webhook saw the rollback) are deleted so
-        # that they come back without it: one per round, while every other broker is Ready.
-        if undone and workload.kind == "StatefulSet":
+        # that they come back without it: one per round, while every other broker is Ready. A
+        # StrimziPodSet's too: Strimzi recreates a deleted pod, and the webhook no longer injects.
+        if undone:
             undo = stuck(views, step, now, 0.0)
             if undo:
                 pick, gate = rollback_gate(views, target.expected, undo, target.obj, template=sts is not None)
@@ -995,8 +996,8 @@ class Operator:
         sidecar. Nothing is deleted in this round: later rounds delete a StatefulSet's stuck
         pods one at a time (a StatefulSet never replaces a pod that is not Ready by itself:
         Kubernetes' forced-rollback limitation), once the StatefulSet controller and the
-        webhook have seen the rollback. A StrimziPodSet's pods are left to a person or
-        KafkaRoller, as the message says."""
+        webhook have seen the rollback; a StrimziPodSet's the same way (Strimzi recreates a
+        deleted pod, which the webhook then leaves without the sidecar)."""
         kube = self._kube()
         names = ", ".join(f"{v.name} ({v.why or 'not Ready'})" for v in bad)
         deadline = policy.rollout.progress_deadline_seconds
@@ -1015,8 +1016,8 @@ class Operator:
                         "broker is Ready, so each comes back without it. Fix the sidecar in the spec (image, "
                         "resources, securityContext) to try again")
         else:
-            message += ("; the webhook no longer injects this sidecar: delete the pod (or annotate it "
-                        f"{STRIMZI_MANUAL_ROLLING_UPDATE}=true) and it comes back without it. Fix the sidecar "
+            message += ("; the webhook no longer injects this sidecar, and such pods are deleted one at a time "
+                        "while every other broker is Ready, so Strimzi recreates each without it. Fix the sidecar "
                         "in the spec to try again")
         rollout["rolledBack"] = {"sidecarHash": wanted, "at": format_time(self.now()), "message": message[:4096]}
         rollout.pop("rolling", None)

@@ -263,7 +263,7 @@ def rollback_gate(pods: Sequence[PodView], expected: Sequence[str] | None, stuck
     deletion is back), and every other broker is Ready (one that is not Ready only because it
     is stuck the same way is down already; deleting it next is no loss).
 
-    ``sts``: the StatefulSet. Under its default ``podManagementPolicy: OrderedReady`` the
+    ``sts``: the StatefulSet (or StrimziPodSet). Under its default ``podManagementPolicy: OrderedReady`` the
     StatefulSet controller creates no pod above one that is not Ready, so the lowest stuck
     ordinal goes first and the pods missing above it are no reason to wait (they come once it
     is back); with ``Parallel`` the highest goes first, as the StatefulSet controller would.
@@ -273,7 +273,9 @@ def rollback_gate(pods: Sequence[PodView], expected: Sequence[str] | None, stuck
     the current revision, with the sidecar)."""
     if not stuck_pods:
         return None, None
-    ordered = ((sts or {}).get("spec") or {}).get("podManagementPolicy", "OrderedReady") != "Parallel"
+    # A StrimziPodSet creates its pods at once, as a Parallel StatefulSet does.
+    ordered = ((sts or {}).get("kind") or "StatefulSet") == "StatefulSet" and (
+        ((sts or {}).get("spec") or {}).get("podManagementPolicy", "OrderedReady") != "Parallel")
     if ordered:
         pick = min(stuck_pods, key=lambda p: (o if (o := _ordinal(p.name)) is not None else 1 << 30, p.name))
     else:

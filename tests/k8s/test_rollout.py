@@ -30,7 +30,7 @@ import kubernetes
 import pytest
 from broker_lock import lock_is_free_for_another_process
 from compaction_operator import metrics
-from compaction_operator.injection import SIDECAR_HASH_ANNOTATION, find_sidecar
+from compaction_operator.injection import SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION, find_sidecar
 from compaction_operator.rollout import STRIMZI_MANUAL_ROLLING_UPDATE, UPDATE_STRATEGY_ANNOTATION
 from control_plane import ControlPlane, activated_kubeconfig, available, missing_reason
 from operator_helpers import (
@@ -81,6 +81,9 @@ def cluster(control_plane: ControlPlane, install_chart: Callable[..., pathlib.Pa
         admin.custom.patch_namespaced_custom_object(G, V, NS, P, item["metadata"]["name"],
                                                     {"metadata": {"finalizers": None}})
     control_plane.kubectl("delete", P, "--all", "-n", NS, "--wait=false", check=False)
+    # A test's StrimziPodSet (its CRD exists once a test made it), whose name the next reuses.
+    control_plane.kubectl("delete", "strimzipodsets.core.strimzi.io", "--all", "-n", NS, "--wait=true",
+                          check=False, timeout_s=120)
     # Wait until the pods are gone: a StatefulSet of the next test would adopt them.
     control_plane.kubectl("delete", "statefulsets,pods", "--all", "-n", NS, "--wait=true", "--timeout=90s",
                           check=False, timeout_s=120)
@@ -513,31 +516,43 @@ STRIMZI_CRD = {
 }  # fmt: skip
 
 
-def test_paced_asks_strimzis_kafkaroller_to_roll_the_podset_pods(
-        cluster: ApiCluster, control_plane: ControlPlane) -> None:
+STRIMZI_LABELS = {"strimzi.io/cluster": "my-cluster", "strimzi.io/kind": "Kafka", "strimzi.io/broker-role": "true"}
+STRIMZI_TARGET = {"podSelector": {"matchLabels": STRIMZI_LABELS}, "injection": "webhook", "dataVolume": "data",
+                  "mountPath": "/var/lib/kafka", "logDirs": ["data"]}
+
+
+def _strimzi_podset(cluster: ApiCluster, control_plane: ControlPlane,
+                    present: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A StrimziPodSet ``my-cluster-kafka`` of three broker pods, the first ``present`` of them
+    created as Strimzi creates them (no Strimzi runs here: the test plays its part); returns
+    the pods' manifests and the owner reference they carry."""
     path = control_plane.root / "strimzipodset-crd.json"
     path.write_text(json.dumps(STRIMZI_CRD))
     control_plane.kubectl("apply", "-f", str(path))
     control_plane.kubectl("wait", "--for=condition=Established", "crd/strimzipodsets.core.strimzi.io",
                           "--timeout=60s")
-    labels = {"strimzi.io/cluster": "my-cluster", "strimzi.io/kind": "Kafka", "strimzi.io/broker-role": "true"}
     template = broker_statefulset("unused")["spec"]["template"]["spec"]
     pods = []
     for i in range(3):
         spec = copy.deepcopy(template)
         spec["volumes"].append({"name": "data", "emptyDir": {}})
         pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"my-cluster-kafka-{i}",
-                     "labels": labels}, "spec": spec})  # fmt: skip
+                     "labels": STRIMZI_LABELS}, "spec": spec})  # fmt: skip
     podset = cluster.custom.create_namespaced_custom_object("core.strimzi.io", "v1beta2", NS, "strimzipodsets", {
         "apiVersion": "core.strimzi.io/v1beta2", "kind": "StrimziPodSet", "metadata": {"name": "my-cluster-kafka"},
-        "spec": {"selector": {"matchLabels": labels}, "pods": pods}})
+        "spec": {"selector": {"matchLabels": STRIMZI_LABELS}, "pods": pods}})
     owner = {"apiVersion": "core.strimzi.io/v1beta2", "kind": "StrimziPodSet", "name": "my-cluster-kafka",
              "uid": podset["metadata"]["uid"], "controller": True}
-    for pod in pods[:2]:  # my-cluster-kafka-2 is missing: the StrimziPodSet still wants it
+    for pod in pods[:present]:
         pod["metadata"]["ownerReferences"] = [owner]
         cluster.core.create_namespaced_pod(NS, pod)
-    target = {"podSelector": {"matchLabels": labels}, "injection": "webhook", "dataVolume": "data",
-              "mountPath": "/var/lib/kafka", "logDirs": ["data"]}
+    return pods, owner
+
+
+def test_paced_asks_strimzis_kafkaroller_to_roll_the_podset_pods(
+        cluster: ApiCluster, control_plane: ControlPlane) -> None:
+    pods, owner = _strimzi_podset(cluster, control_plane, present=2)  # my-cluster-kafka-2 is missing
+    target = STRIMZI_TARGET
     port = free_port()
     with running_operator(webhook_enabled=True, webhook_insecure=True, webhook_addr="127.0.0.1", webhook_port=port):
         _create(cluster, policy("strimzi", target=target))  # Manual: the pods are named, nobody rolls
@@ -567,6 +582,54 @@ def test_paced_asks_strimzis_kafkaroller_to_roll_the_podset_pods(
         time.sleep(3)
         asked = [m for k, r, m in cluster.events() if r == "RollRequested"]
         assert len(asked) == 1 and all(n in asked[0] for n in names), asked
+
+
+def test_a_strimzi_pod_the_sidecar_keeps_down_is_deleted_once_and_comes_back_without_it(
+        cluster: ApiCluster, control_plane: ControlPlane) -> None:
+    """Strimzi (played by the test) recreates my-cluster-kafka-1 with the policy's sidecar, and
+    the sidecar keeps it from being scheduled. Past rollout.progressDeadlineSeconds the policy
+    is Stalled (SidecarRolledBack), the webhook stops injecting that sidecar, and the operator
+    deletes that pod, and only that pod, once every other broker is Ready; Strimzi recreates it
+    without the sidecar. Old code: StrimziPodSet pods were left to a person, so the broker
+    stayed down (the wait for its deletion below timed out)."""
+    pods, _ = _strimzi_podset(cluster, control_plane, present=3)
+    port = free_port()
+    manifest = policy("strimzi-stuck", target=STRIMZI_TARGET, rollout={"progressDeadlineSeconds": 3},
+                      reporting={"intervalSeconds": 1})  # fmt: skip
+    before = _uids(_pods(cluster))
+    with running_operator(webhook_enabled=True, webhook_insecure=True, webhook_addr="127.0.0.1", webhook_port=port,
+                          expected_warnings=("has not become Ready",)):
+        _create(cluster, manifest)
+        wanted = wait_for(lambda: cluster.status("strimzi-stuck").get("rollout", {}).get("sidecarHash"),
+                          timeout=TIMEOUT, what="the wanted sidecar in the status")  # fmt: skip
+        # KafkaRoller rolls my-cluster-kafka-1; the webhook gave the new pod a sidecar no node can hold.
+        cluster.core.delete_namespaced_pod("my-cluster-kafka-1", NS, grace_period_seconds=0)
+        wait_for(lambda: "my-cluster-kafka-1" not in _pods(cluster), timeout=TIMEOUT, what="the old pod gone")
+        stuck_pod = copy.deepcopy(pods[1])
+        stuck_pod["metadata"]["annotations"] = {SIDECAR_HASH_ANNOTATION: wanted}
+        stuck_pod["spec"]["containers"].append({"name": SIDECAR_CONTAINER, "image": IMAGE,
+                                                 "resources": {"requests": {"cpu": "5000"}}})
+        created = cluster.core.create_namespaced_pod(NS, stuck_pod)
+        stalled = wait_for(lambda: (c := cluster.condition("strimzi-stuck", "Stalled")).get("status") == "True"
+                           and c["reason"] == "SidecarRolledBack" and c, timeout=TIMEOUT,
+                           what="Stalled: SidecarRolledBack")  # fmt: skip
+        assert "pod my-cluster-kafka-1 (Unschedulable" in stalled["message"], stalled["message"]
+        assert "such pods are deleted one at a time" in stalled["message"]
+        wait_for(lambda: _uids(_pods(cluster)).get("my-cluster-kafka-1") != created.metadata.uid, timeout=TIMEOUT,
+                 what="the stuck pod deleted")  # fmt: skip
+        cluster.wait_for_event("CompactionPolicy", "RollbackDeletedPod")
+        # Strimzi recreates it; the webhook no longer injects (here it cannot be reached and
+        # fails open: the pod is created as Strimzi asks, without the sidecar).
+        wait_for(lambda: "my-cluster-kafka-1" not in _pods(cluster), timeout=TIMEOUT, what="the stuck pod gone")
+        cluster.core.create_namespaced_pod(NS, pods[1])
+        wait_for(lambda: _ready(_pods(cluster).get("my-cluster-kafka-1") or {"status": {}}), timeout=TIMEOUT,
+                 what="my-cluster-kafka-1 back and Ready")  # fmt: skip
+        time.sleep(3)  # three rounds more: nothing else is deleted
+        after = _uids(_pods(cluster))
+        assert {n: after[n] for n in ("my-cluster-kafka-0", "my-cluster-kafka-2")} == {
+            n: before[n] for n in ("my-cluster-kafka-0", "my-cluster-kafka-2")}
+        deleted = [m for _, r, m in cluster.events() if r == "RollbackDeletedPod" and "my-cluster-kafka" in m]
+        assert len(deleted) == 1 and "deleted pod my-cluster-kafka-1 (Unschedulable" in deleted[0], deleted
 
 
 # ---------------------------------------------------------------------------------------------
