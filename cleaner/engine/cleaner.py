@@ -102,6 +102,11 @@ class LogToClean:
     cleanable_bytes: int = 0
     delete_retention_ms: int = 86_400_000
     active_producers: dict[int, ActiveProducer] = field(default_factory=dict)
+    hold_removals: str | None = None
+    """Why no tombstone or transaction marker may be removed in this round, or None: a replica
+    of the partition is out of sync, and would never receive what is removed above its log
+    end (the compaction-replication race, docs/replica-divergence.md). Horizons are still
+    stamped; only their passing is not acted on."""
 
     @property
     def total_bytes(self) -> int:
@@ -126,6 +131,17 @@ class Round:
     commit: Commit | None = None
     cleaned_dir: Path | None = None
     """Where ``.cleaned`` segments are written (default: the partition directory)."""
+
+    @property
+    def removal_now(self) -> int:
+        """The time tombstones' and markers' delete horizons are judged against: ``now``, or a
+        time before every horizon while the round holds removals (``LogToClean.hold_removals``)."""
+        return self.now if self.ltc.hold_removals is None else -(2**63)
+
+    def retains_legacy_deletes(self, segment_last_modified_ms: int) -> bool:
+        """Whether v0/v1 tombstones of a segment are kept: its mtime is past the legacy horizon
+        (§9.5), or the round holds removals."""
+        return self.ltc.hold_removals is not None or segment_last_modified_ms > self.legacy_delete_horizon_ms
 
 
 def legacy_delete_horizon(ltc: LogToClean) -> int:
@@ -187,6 +203,13 @@ class Cleaner:
             return ltc.first_dirty_offset, stats
         generation = the_log.generation
         log.info("Cleaner %d: Beginning cleaning of log %s", self.id, the_log.name)
+        if ltc.hold_removals is not None:
+            log.info(
+                "Cleaner %d: keeping every tombstone and transaction marker of %s: %s",
+                self.id,
+                the_log.name,
+                ltc.hold_removals,
+            )
         legacy_delete_horizon_ms = legacy_delete_horizon(ltc)
         log.info("Cleaner %d: Building offset map for %s...", self.id, the_log.name)
         try:
@@ -410,7 +433,7 @@ class Cleaner:
             for i, segment in enumerate(group):
                 upper = group[i + 1].base_offset if i + 1 < len(group) else segment.read_next_offset()
                 transactions.add_aborted_transactions(the_log.collect_aborted_transactions(segment.base_offset, upper))
-                retain_legacy_deletes = segment.last_modified_ms > rnd.legacy_delete_horizon_ms
+                retain_legacy_deletes = rnd.retains_legacy_deletes(segment.last_modified_ms)
                 log.info(
                     "Cleaner %d: Cleaning %s in log %s into %d, %s deletes.",
                     self.id,
@@ -500,7 +523,7 @@ class Cleaner:
         has_horizon = chunk.has_delete_horizon
         horizon = np.where(has_horizon, chunk.headers["base_timestamp"], -1)
         is_control = chunk.is_control
-        discard_records = np.where(is_control, can_discard & has_horizon & (horizon <= now), can_discard)
+        discard_records = np.where(is_control, can_discard & has_horizon & (horizon <= rnd.removal_now), can_discard)
         last_of_producer = _is_last_of_active_producer(chunk, ltc.active_producers)
         next_offsets = chunk.next_offsets
         # Kafka keeps an emptied batch only for an active producer's last batch or at the
@@ -525,7 +548,7 @@ class Cleaner:
                 chunk.is_transactional,
                 has_horizon,
                 horizon,
-                now,
+                rnd.removal_now,
             )
             keep_rows &= ~discard_records[row_batch]
             counted = ~delete[row_batch]

@@ -13,6 +13,7 @@ and whether it is eligible now or why not.
 
 from __future__ import annotations
 
+import datetime
 import enum
 import logging
 import threading
@@ -516,8 +517,36 @@ class LogCleanerManager:
             cleanable_bytes=cleanable_bytes,
             delete_retention_ms=managed.rule.delete_retention_ms,
             active_producers=active_producers,
+            hold_removals=self.removal_hold(managed.topic_partition),
         )
         return ltc, offsets, delay
+
+    def removal_hold(self, tp: TopicPartition) -> str | None:
+        """Why a clean of ``tp`` must keep every tombstone and transaction marker now, or None
+        (issue 24, item 3: the compaction-replication race). With the KRaft metadata log on
+        these disks: while any replica of the partition is out of the ISR or offline, it would
+        never receive a tombstone or marker removed above its log end, so none is removed on
+        any replica (every replica's cleaner reads the same metadata); a partition the metadata
+        does not know holds too. Without a metadata log (a ZooKeeper-mode broker, an offline
+        copy) nothing is known of the other replicas and nothing is held: the deviation the
+        README names. Cleaning runs below the high watermark, which every in-sync replica has
+        reached, so the ISR is the watermark."""
+        cluster = self.cluster_metadata
+        if cluster is None:
+            return None
+        replication = cluster.replication(tp.topic, tp.partition)
+        if replication is None:
+            return "the cluster metadata does not know the partition (its replicas' state is unknown)"
+        if not replication.out_of_sync:
+            return None
+        out = replication.out_of_sync[0]
+        since = datetime.datetime.fromtimestamp(out.since_ms / 1000, datetime.UTC).isoformat(timespec="seconds")
+        more = len(replication.out_of_sync) - 1
+        return (
+            f"replica {out.broker} is {'offline' if out.offline else 'out of the ISR'} since {since}"
+            + (f" (and {more} more)" if more else "")
+            + ": it would never receive what is removed"
+        )
 
     def grab_filthiest_compacted_log(self, now: int, pre_stats: PreCleanStats | None = None) -> LogToClean | None:
         """§6.1: choose the eligible log with the highest cleanable ratio and mark it in

@@ -452,6 +452,7 @@ def clean_round(
     active_producers: dict[int, ActiveProducer] | None = None,
     cleaner: Cleaner | None = None,
     config: LogConfig | None = None,
+    hold_removals: str | None = None,
 ) -> tuple[int, CleanerStats]:
     """One ``doClean`` over the directory (reopened from disk, closed afterwards); the
     first uncleanable offset defaults to the active segment's base."""
@@ -465,6 +466,7 @@ def clean_round(
             bound,
             delete_retention_ms=delete_retention_ms,
             active_producers=active_producers or {},
+            hold_removals=hold_removals,
         )
         return (cleaner or make_cleaner()).do_clean(ltc, now)
     finally:
