@@ -47,11 +47,13 @@ from compaction_operator.injection import (
     configmap_name,
     find_sidecar,
     grace_period_warning,
+    image_refusal,
     inject_into_pod,
     label_selector_string,
     missing_data_volumes,
     patched,
     pod_from_template,
+    policy_refusals,
     removal_patch,
     template_patch,
     template_policy,
@@ -467,7 +469,10 @@ class Operator:
         version = await self.cluster_version()
         sidecar: Sidecar | None = None
         pinned_image, pinned_hash = rollout.get("sidecarImage"), rollout.get("sidecarHash")
-        if policy.sidecar.image is None and pinned_image:
+        # A pinned image the installer no longer allows (the default moved to another
+        # repository) is not kept: the current default is.
+        if policy.sidecar.image is None and pinned_image and image_refusal(
+                pinned_image, self.config.sidecar_image_allowlist) is None:
             candidate = build_sidecar(policy, image=pinned_image, native=version.native_sidecars)
             if candidate.hash == pinned_hash:
                 sidecar = candidate
@@ -632,6 +637,7 @@ class Operator:
         if missing:
             raise Stalled("DataVolumeNotFound", f"StatefulSet {sts_name} has no volume or volume claim template "
                           f"named {', '.join(map(repr, missing))} (target.dataVolume, additionalDataVolumes)")
+        self._refuse_what_the_author_may_not_choose(policy, sts, sidecar)
         patch = template_patch(template, sidecar, sts["metadata"]["resourceVersion"])
         if patch is None:
             return
@@ -649,6 +655,21 @@ class Operator:
         if (grace := grace_period_warning(policy, template.get("spec") or {})) is not None:
             kopf.event(body, type="Warning", reason="TerminationGracePeriodTooShort",
                        message=f"StatefulSet {sts_name}: {grace}")
+
+    def _refuse_what_the_author_may_not_choose(self, policy: Policy, sts: Mapping[str, Any],
+                                               sidecar: Sidecar) -> None:
+        """Before a template patch: an image outside the installer's allow-list, or a data
+        volume that is no data volume (a Secret, a hostPath), is ``Stalled``/``PolicyNotAllowed``
+        and nothing is patched; the webhook refuses the same (a fail-open webhook is no way
+        round it). A template already carrying such a sidecar keeps it until the policy is fixed
+        or deleted: taking it out is a roll of its own."""
+        template = (sts.get("spec") or {}).get("template") or {}
+        refusals = policy_refusals(policy, str(sidecar.container["image"]), template.get("spec") or {},
+                                   (sts.get("spec") or {}).get("volumeClaimTemplates") or [],
+                                   self.config.sidecar_image_allowlist)
+        if refusals:
+            raise Stalled("PolicyNotAllowed", f"StatefulSet {sts['metadata']['name']} was not patched: "
+                          + "; ".join(refusals))
 
     async def _admission_dry_run(self, sts: Mapping[str, Any], patch: Sequence[Mapping[str, Any]]) -> None:
         """Before a patch of a StatefulSet's pod template: a server-side dry-run create of the pod
@@ -1220,6 +1241,8 @@ class Operator:
             warnings.append(f"kafka-cleaner: the sidecar of CompactionPolicy {policy.name} was rolled back "
                             "(status.rollout.rolledBack): no sidecar injected")
             return
+        if self._refused_in_webhook(pod, policy, manifest, sidecar, warnings):
+            return
         injected = inject_into_pod(pod, sidecar)
         if not dryrun and find_sidecar(pod.get("spec") or {}) is None:  # our own dry run's pod has it
             refused = await self.call(admission_rejection, self._kube(), injected, self.config.webhook_timeout)
@@ -1235,6 +1258,25 @@ class Operator:
 
         patch.fns.append(transform)
         metrics.WEBHOOK_INJECTIONS.labels(policy.namespace or "", policy.name or "").inc()
+
+
+    def _refused_in_webhook(self, pod: Mapping[str, Any], policy: Policy, manifest: Mapping[str, Any],
+                            sidecar: Sidecar, warnings: list[str]) -> bool:
+        """Whether the policy chose what its author may not (an image outside the allow-list, a
+        Secret or hostPath as a data volume): the pod is then admitted without the sidecar, its
+        creator warned and a ``PolicyNotAllowed`` Warning Event posted on the policy. Refusing
+        the pod itself would keep a broker from starting."""
+        refusals = policy_refusals(policy, str(sidecar.container["image"]), pod.get("spec") or {}, (),
+                                   self.config.sidecar_image_allowlist)
+        if not refusals:
+            return False
+        meta = pod.get("metadata") or {}
+        name = meta.get("name") or (meta.get("generateName") or "") + "*"
+        message = (f"kafka-cleaner: the sidecar of CompactionPolicy {policy.name} was not injected into pod {name}: "
+                   + "; ".join(refusals))
+        warnings.append(message)
+        post_event(self._background, self._kube(), manifest, "PolicyNotAllowed", message)
+        return True
 
 
 #: Stalled reasons of a rollout (kafka_cleaner_operator_rollout_stalled).
@@ -1323,6 +1365,17 @@ def build_settings(config: OperatorConfig, settings: kopf.OperatorSettings | Non
     return settings
 
 
+def watch_scope(config: OperatorConfig) -> str:
+    """What the operator reconciles, said once at start: a policy in a namespace it does not
+    watch is invisible to it (its RBAC covers the watched namespaces only), so the log is where
+    a person finds out why such a policy gets no status."""
+    if config.clusterwide:
+        return "Reconciling CompactionPolicies in every namespace (KAFKA_CLEANER_WATCH_NAMESPACES is empty)."
+    return (f"Reconciling CompactionPolicies in namespace(s) {', '.join(config.namespaces)} only "
+            "(KAFKA_CLEANER_WATCH_NAMESPACES; the chart's watchNamespaces): policies in any other namespace "
+            "are not acted on and get no status.")
+
+
 def build_registry(config: OperatorConfig, operator: Operator | None = None, *,
                    webhook_only: bool = False) -> kopf.OperatorRegistry:
     """A kopf registry with the operator's handlers (a fresh one per call, so an operator can be
@@ -1343,6 +1396,7 @@ def build_registry(config: OperatorConfig, operator: Operator | None = None, *,
 
     @kopf.on.startup(registry=registry)
     async def startup(logger: logging.Logger, **kwargs: Any) -> None:
+        logger.info(watch_scope(config))
         await op.start(logger)
         if config.webhook_enabled:
             # kopf's indices are passed to startup handlers too (empty now, filled later).

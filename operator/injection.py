@@ -24,7 +24,10 @@ broker's own containers):
 
 The sidecar mounts the broker's existing data volume (``target.dataVolume``) at
 ``target.mountPath``, and a JBOD broker's other ones (``target.additionalDataVolumes``) at
-theirs, read-only in mode observe; it takes every log dir under each.
+theirs, read-only in mode observe; it takes every log dir under each. Whoever may edit a policy
+chooses those names and the image, so both are limited (:func:`data_volume_refusals`,
+:func:`image_refusal`): only volumes of a kind a broker keeps its log dirs on, and only image
+repositories the operator's installer allowed.
 
 The sidecar runs as the broker (compact and stage modes write files the broker must open
 read-write, and the sidecar refuses those modes otherwise): unless ``sidecar.securityContext``
@@ -62,6 +65,7 @@ from cleaner.config import (
 
 __all__ = [
     "CONFIGMAP_KEY",
+    "DATA_VOLUME_SOURCES",
     "DEFAULT_RESOURCES",
     "NATIVE_SIDECARS_SINCE",
     "POLICY_ANNOTATION",
@@ -81,15 +85,19 @@ __all__ = [
     "broker_identity",
     "build_sidecar",
     "configmap_name",
+    "data_volume_refusals",
     "find_sidecar",
     "gate_bound_seconds",
     "grace_period_warning",
     "has_data_volume",
+    "image_refusal",
+    "image_repository",
     "inject_into_pod",
     "label_selector_string",
     "missing_data_volumes",
     "patched",
     "pod_from_template",
+    "policy_refusals",
     "removal_patch",
     "resources",
     "security_context",
@@ -559,6 +567,65 @@ def missing_data_volumes(policy: Policy, pod_spec: Mapping[str, Any],
     assert policy.target is not None
     return [volume for volume, _ in policy.target.data_volumes
             if not has_data_volume(pod_spec, volume, claim_templates)]
+
+
+#: Pod volume sources a broker keeps its log dirs on: the only ones a policy may name as data
+#: volumes (besides the StatefulSet's volumeClaimTemplates). Everything else a pod may carry
+#: (secret, configMap, projected service-account tokens, hostPath, downwardAPI, csi, nfs, ...)
+#: would hand a policy author what the broker pod can read, or the node's files.
+DATA_VOLUME_SOURCES = ("persistentVolumeClaim", "ephemeral", "emptyDir")
+
+
+def data_volume_refusals(policy: Policy, pod_spec: Mapping[str, Any],
+                         claim_templates: Sequence[Mapping[str, Any]] = ()) -> list[str]:
+    """Why the policy may not mount each of its data volumes that the pod (template) has but
+    that is no data volume: a policy author (the aggregated ``edit`` role) would otherwise
+    mount the broker pod's Secrets, ConfigMaps, projected service-account token or a hostPath
+    into a container running an image of their choice. A claim template of that name wins over
+    a pod volume (the StatefulSet controller does the same). Volumes the pod lacks are
+    :func:`missing_data_volumes`' to report."""
+    assert policy.target is not None
+    fields = ["target.dataVolume", *(f"target.additionalDataVolumes[{i}].name"
+                                     for i in range(len(policy.target.additional_data_volumes)))]
+    claims = {(t.get("metadata") or {}).get("name") for t in claim_templates}
+    refusals = []
+    for field, (volume, _) in zip(fields, policy.target.data_volumes, strict=True):
+        found = _named(pod_spec.get("volumes"), volume)
+        if volume in claims or found is None:
+            continue
+        kind = next((key for key in found if key != "name"), "empty")
+        if kind not in DATA_VOLUME_SOURCES:
+            refusals.append(f"{field} {volume!r} is a {kind} volume: a policy may mount only the broker's data "
+                            f"volumes ({', '.join(DATA_VOLUME_SOURCES)} or a volumeClaimTemplate), never a "
+                            "Secret, ConfigMap, projected token or hostPath")
+    return refusals
+
+
+def image_repository(image: str) -> str:
+    """``registry/name:tag@sha256:...`` -> ``registry/name``: what an allow-list entry names."""
+    name = image.split("@", 1)[0]
+    colon = name.rfind(":")
+    return name[:colon] if colon > name.rfind("/") else name
+
+
+def image_refusal(image: str, allowed: Sequence[str]) -> str | None:
+    """Why the sidecar may not run ``image`` (None: it may): its repository must be one of
+    ``allowed`` (any tag or digest of it). A policy author chooses ``spec.sidecar.image``, and
+    the sidecar mounts the broker's data: the installer decides which programs may."""
+    if image_repository(image) in allowed:
+        return None
+    listed = ", ".join(allowed) if allowed else "empty: set KAFKA_CLEANER_SIDECAR_IMAGE or the allow-list"
+    return (f"spec.sidecar.image {image!r} is not allowed: its repository must be one of the operator's allowed "
+            f"sidecar images ({listed}; Helm value sidecar.allowedImages, KAFKA_CLEANER_ALLOWED_SIDECAR_IMAGES)")
+
+
+def policy_refusals(policy: Policy, image: str, pod_spec: Mapping[str, Any],
+                    claim_templates: Sequence[Mapping[str, Any]], allowed_images: Sequence[str]) -> list[str]:
+    """Everything the policy chose that its author may not: the image, then the data volumes.
+    The webhook (before it injects into a pod) and the operator (before it patches a pod
+    template) both ask, so neither path can be used to get round the other."""
+    refusal = image_refusal(image, allowed_images)
+    return [*([refusal] if refusal else []), *data_volume_refusals(policy, pod_spec, claim_templates)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ import re
 import socket
 from collections.abc import Mapping
 
+from compaction_operator.injection import image_repository
+
 __all__ = ["ENV_PREFIX", "OperatorConfig", "SettingsError", "describe_env"]
 
 ENV_PREFIX = "KAFKA_CLEANER_"
@@ -52,6 +54,10 @@ ENV_VARS: tuple[tuple[str, str, str], ...] = (
      "(1-30; the chart passes webhook.timeoutSeconds)"),
     ("KAFKA_CLEANER_WEBHOOK_OBJECT_SELECTOR", "", "labels a pod must have to be sent to the webhook "
      "(key=value or key, comma-separated); empty: every pod created in the cluster"),
+    # -- what a policy author may choose (issue 20, item 7) --
+    ("KAFKA_CLEANER_ALLOWED_SIDECAR_IMAGES", "", "comma-separated image repositories (no tag) a policy's "
+     "spec.sidecar.image may name, any tag or digest of them; empty: the repository of "
+     "KAFKA_CLEANER_SIDECAR_IMAGE (none without it)"),
     ("POD_NAME", "<host name>", "this replica's identity in the Lease (downward API)"),
     ("POD_NAMESPACE", "default", "the operator's namespace (downward API)"),
 )
@@ -104,6 +110,17 @@ def _object_selector(raw: str) -> dict[str, str | None]:
     return out
 
 
+def _image_repositories(raw: str) -> tuple[str, ...]:
+    """``a/b, c/d`` -> ``("a/b", "c/d")``; an entry with a tag or digest is refused (an entry
+    names a repository, and a tag in it would silently allow nothing)."""
+    out = tuple(dict.fromkeys(p.strip() for p in raw.split(",") if p.strip()))
+    for entry in out:
+        if image_repository(entry) != entry:
+            raise SettingsError(f"KAFKA_CLEANER_ALLOWED_SIDECAR_IMAGES: {entry!r} has a tag or digest; name the "
+                                f"repository only ({image_repository(entry)!r})")
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class OperatorConfig:
     namespaces: tuple[str, ...] = ()
@@ -135,6 +152,17 @@ class OperatorConfig:
     webhook_configuration: str | None = None
     webhook_object_selector: tuple[tuple[str, str | None], ...] = ()
     webhook_timeout: int = 5
+    # -- what a policy author may choose (issue 20, item 7) --
+    #: Image repositories the sidecar may run (:attr:`sidecar_image_allowlist`).
+    allowed_sidecar_images: tuple[str, ...] = ()
+
+    @property
+    def sidecar_image_allowlist(self) -> tuple[str, ...]:
+        """The repositories ``spec.sidecar.image`` may name: the configured ones, else the
+        default sidecar image's own (a policy may pick another tag of it, no other program)."""
+        if self.allowed_sidecar_images:
+            return self.allowed_sidecar_images
+        return (image_repository(self.sidecar_image),) if self.sidecar_image else ()
 
     @property
     def clusterwide(self) -> bool:
@@ -193,6 +221,7 @@ class OperatorConfig:
             webhook_object_selector=tuple(_object_selector(text(ENV_PREFIX + "WEBHOOK_OBJECT_SELECTOR")).items()),
             webhook_timeout=int(_number(env, ENV_PREFIX + "WEBHOOK_TIMEOUT_SECONDS", 5, minimum=1, maximum=30,
                                         integer=True)),
+            allowed_sidecar_images=_image_repositories(text(ENV_PREFIX + "ALLOWED_SIDECAR_IMAGES")),
         )
         if config.webhook_enabled and not config.webhook_insecure and not (
                 config.webhook_cert_file and config.webhook_key_file):

@@ -2,8 +2,9 @@
 # Debian packages, installed only when missing, for what the caller sets up:
 #   core   cargo (the compiled core, native/): all `make demo` needs
 #   kafka  java and maven (Apache Kafka's jars and broker): `make demo-kafka`
-#   all    (default) the above, lua5.4 (Argo CD health check tests) and prometheus (real
-#          scrape tests): `make test`; java also runs PySpark
+#   all    (default) the above, lua5.4 (Argo CD health check tests), prometheus (real
+#          scrape tests) and prometheus-alertmanager (the inhibit rule's test): `make test`;
+#          java also runs PySpark
 # Needs root for apt-get; without root it says what is missing and carries on, so
 # `make demo` still works on a developer laptop.
 #   scripts/setup-system.sh [core|kafka|all]...
@@ -20,6 +21,7 @@ fi
 if has all; then
     command -v lua5.4 >/dev/null 2>&1 || missing+=(lua5.4)
     command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+    command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
@@ -32,11 +34,13 @@ apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null 2>&1 || {
     apt-get update -qq >/dev/null
     apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null
 }
-# The Debian prometheus package starts a system service on install; the tests run their
-# own server on a free loopback port and need none. Only the service this install started
-# is stopped, through the service manager: never a Prometheus the machine already ran.
-if [[ " ${missing[*]} " == *" prometheus "* ]]; then
-    if command -v systemctl >/dev/null 2>&1 && systemctl stop prometheus >/dev/null 2>&1; then :
-    elif command -v service >/dev/null 2>&1; then service prometheus stop >/dev/null 2>&1 || true
+# The Debian prometheus packages start a system service on install; the tests run their
+# own servers on free loopback ports and need none. Only a service this install started is
+# stopped, through the service manager: never one the machine already ran.
+for service in prometheus prometheus-alertmanager; do
+    if [[ " ${missing[*]} " == *" $service "* ]]; then
+        if command -v systemctl >/dev/null 2>&1 && systemctl stop "$service" >/dev/null 2>&1; then :
+        elif command -v service >/dev/null 2>&1; then service "$service" stop >/dev/null 2>&1 || true
+        fi
     fi
-fi
+done

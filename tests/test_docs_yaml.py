@@ -97,8 +97,9 @@ def _has_path(schema: dict[str, Any], parts: list[str]) -> bool:
 
 def test_the_ignored_status_fields_are_fields_of_the_status() -> None:
     status = _status_schema()
-    pointers = yaml.safe_load(yaml.safe_load(the_block(GITOPS, "jsonPointers"))["data"][
-        "resource.customizations.ignoreResourceUpdates.kafkacleaner.io_CompactionPolicy"])["jsonPointers"]
+    key = "resource.customizations.ignoreResourceUpdates.kafkacleaner.io_CompactionPolicy"
+    block = yaml.safe_load(the_block(GITOPS, f"{key}: |\n    jsonPointers"))
+    pointers = yaml.safe_load(block["data"][key])["jsonPointers"]
     for pointer in pointers:
         parts = pointer.strip("/").split("/")
         assert parts[0] == "status" and _has_path(status, parts[1:]), pointer

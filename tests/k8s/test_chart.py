@@ -140,6 +140,8 @@ def test_rendered_manifests_are_valid_kubernetes_objects(variant: str, helm_temp
     ({"podDisruptionBudget": {"maxUnavailable": "lots"}}, "podDisruptionBudget.maxUnavailable"),
     ({"metrics": {"prometheusRule": {"runbookBaseUrl": "docs/runbooks.md"}}}, "runbookBaseUrl"),
     ({"networkPolicy": {"prometheusPeers": [{"pods": "prometheus"}]}}, "prometheusPeers"),
+    ({"sidecar": {"allowedImages": ["ghcr.io/kafka-cleaner/kafka-cleaner:1.0"]}}, "sidecar.allowedImages"),
+    ({"sidecar": {"allowedImages": ["ghcr.io/x/y@sha256:abc"]}}, "sidecar.allowedImages"),
 ])
 def test_the_values_schema_rejects_bad_values(values: dict[str, Any], error: str, tmp_path: pathlib.Path) -> None:
     path = tmp_path / "values.yaml"
@@ -190,6 +192,7 @@ def test_the_deployment_configures_the_operator(variant: str, helm_template: Ren
     config = OperatorConfig.from_env(env)  # what the operator will read: valid for every variant
     values = VARIANTS[variant]
     assert config.namespaces == tuple(values.get("watchNamespaces", ()))
+    assert config.sidecar_image_allowlist == ("ghcr.io/kafka-cleaner/kafka-cleaner",)
     assert config.sidecar_image == "ghcr.io/kafka-cleaner/kafka-cleaner:0.1.0"
     assert config.leader_election is bool(values.get("leaderElection"))
     assert config.webhook_enabled is bool(values.get("webhook"))
@@ -209,6 +212,12 @@ def test_the_deployment_configures_the_operator(variant: str, helm_template: Ren
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert pod["serviceAccountName"] == by_kind(objects, "ServiceAccount")[0]["metadata"]["name"]
+
+
+def test_the_image_allow_list_reaches_the_operator(helm_template: Render) -> None:
+    env = deployment_env(helm_template({"sidecar": {"allowedImages": ["mirror.example/kc", "localhost:5000/kc"]}}))
+    config = OperatorConfig.from_env(env)
+    assert config.sidecar_image_allowlist == ("mirror.example/kc", "localhost:5000/kc")
 
 
 def test_scheduling_values_reach_the_pod(helm_template: Render) -> None:
@@ -296,9 +305,37 @@ def test_nothing_broad_or_dangerous_is_granted(helm_template: Render, rbac: Simp
             if "nodes" in rule["resources"]:
                 assert rule["verbs"] == ["list"], (grant.source, rule)  # the kubelets' versions, nothing else
             if "pods" in rule["resources"]:
-                # create: the admission dry run, no more than "patch statefulsets" already gives;
-                # patch: an annotation; delete: one paced pod at a time
+                # create: the admission dry run (the full verb all the same: the README says
+                # what it gives); patch: an annotation; delete: one paced pod at a time
                 assert set(rule["verbs"]) <= {"list", "create", "patch", "delete"}
+
+
+def readme_rbac_table(readme: str) -> set[tuple[str, str]]:
+    """(resource, verb) of every row of the README's RBAC tables: ``| `resource` (group) | verbs | ...``."""
+    section = readme.split("## RBAC, least privilege", 1)[1].split("\n## ", 1)[0]
+    rows = set()
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and (resource := re.match(r"`([\w./-]+)`", cells[0])):
+            rows |= {(resource.group(1), verb.strip()) for verb in cells[1].split(",")}
+    return rows
+
+
+def test_the_readme_says_what_each_granted_verb_is_for(helm_template: Render, rbac: SimpleNamespace) -> None:
+    """Issue 20, item 7: every (resource, verb) the chart grants the operator, in any variant
+    (webhook and leader election only when asked for, said in prose), has a row in the README's
+    table saying why and what breaks without it; and the claim that creating pods adds no power
+    (it is the power to run any pod with any ServiceAccount and Secret of the namespace) is gone."""
+    readme = (CHART / "README.md").read_text()
+    rows = readme_rbac_table(readme)
+    optional = {"mutatingwebhookconfigurations", "leases"}
+    granted = {(resource, verb) for values in VARIANTS.values() for grant in rbac.operator_grants(helm_template(values))
+               for resource in grant.rule["resources"] for verb in grant.rule["verbs"] if resource not in optional}
+    assert sorted(granted - rows) == []
+    assert sorted(rows - granted) == []
+    for path in (CHART / "README.md", REPO / "docs" / "operator.md", CHART / "templates" / "rbac.yaml"):
+        text = " ".join(path.read_text().split())
+        assert "adds no power" not in text and "gives nothing" not in text, path
 
 
 def test_aggregated_roles_for_users(helm_template: Render) -> None:

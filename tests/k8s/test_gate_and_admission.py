@@ -7,7 +7,10 @@ ServiceAccount (its RBAC judged by the real authorizer):
   on brokers whose grace period is shorter than its termination commit's bound is warned;
 * pods the API server would refuse: the CRD refuses data mounts on the sidecar's own paths,
   and the webhook dry-runs the pod with the sidecar: one the API server refuses (here a
-  LimitRange, or a request above its limit) is admitted without the sidecar, not refused.
+  LimitRange, or a request above its limit) is admitted without the sidecar, not refused;
+* item 7, what a policy author may choose: an image outside the installer's allow-list, or a
+  Secret/hostPath named as a data volume, is refused by the operator and by the webhook (the
+  pure decisions are in test_policy_limits.py).
 """
 
 from __future__ import annotations
@@ -227,3 +230,106 @@ def test_the_webhook_never_makes_a_pod_the_api_server_refuses(as_the_chart: Cont
             plane.kubectl("delete", "pod", "-n", ns, name, "--wait=false", check=False)
         plane.kubectl("delete", "-n", ns, "compactionpolicy", "hooked", "--wait=true", f"--timeout={int(TIMEOUT)}s")
     plane.kubectl("delete", "mutatingwebhookconfiguration", WEBHOOK, "--ignore-not-found")
+
+
+def test_a_policy_author_gets_neither_another_image_nor_a_secret_volume(as_the_chart: ControlPlane,
+                                                                       tmp_path: pathlib.Path) -> None:
+    """Issue 20, item 7: a policy author chooses the sidecar's image and the volumes it mounts,
+    beside the broker. An image outside the allow-list (the default sidecar image's repository,
+    ``registry.example/kafka-cleaner`` here) or a Secret/hostPath named as a data volume is
+    refused by the operator before it patches a StatefulSet (Stalled, PolicyNotAllowed, the
+    template untouched) and by the webhook before it injects into a pod (the pod is created
+    without the sidecar, its creator warned, a PolicyNotAllowed Event). Before, both injected."""
+    plane, ns = as_the_chart, "limits"
+    with _namespace(plane, ns) as cluster, _webhook_operator(plane, tmp_path):
+        broker = _broker("broker")
+        broker["spec"]["template"]["spec"]["volumes"] += [{"name": "creds", "secret": {"secretName": "broker-tls"}},
+                                                          {"name": "host", "hostPath": {"path": "/"}}]
+        assert _apply(plane, ns, broker).returncode == 0
+        target = {"statefulSet": "broker", "dataVolume": "data", "mountPath": "/var/lib/kafka", "logDirs": ["data"],
+                  "injection": "statefulSet"}
+        assert _apply(plane, ns, policy("templated", target=target,
+                                        sidecar={"image": "evil.example/miner:1"})).returncode == 0
+
+        def refused(name: str, text: str) -> dict[str, Any]:
+            return wait_for(lambda: (c := cluster.condition(name, "Stalled")).get("reason") == "PolicyNotAllowed"
+                            and text in c.get("message", "") and c, timeout=TIMEOUT,
+                            what=f"Stalled: PolicyNotAllowed naming {text!r}")  # fmt: skip
+
+        stalled = refused("templated", "spec.sidecar.image 'evil.example/miner:1'")
+        assert "registry.example/kafka-cleaner" in stalled["message"], stalled
+        assert _template_sidecar(cluster, "broker") is None
+        plane.kubectl("patch", "-n", ns, "compactionpolicy", "templated", "--type=merge", "-p", json.dumps(
+            {"spec": {"sidecar": {"image": None}, "target": {"dataVolume": "creds"}}}))
+        refused("templated", "target.dataVolume 'creds' is a secret volume")
+        assert _template_sidecar(cluster, "broker") is None
+        plane.kubectl("patch", "-n", ns, "compactionpolicy", "templated", "--type=merge", "-p", json.dumps(
+            {"spec": {"target": {"dataVolume": "data"}}}))
+        wait_for(lambda: _template_sidecar(cluster, "broker"), timeout=TIMEOUT,
+                 what="the sidecar injected once the policy names the data volume and an allowed image")
+        plane.kubectl("delete", "-n", ns, "compactionpolicy", "templated", "--wait=true", f"--timeout={int(TIMEOUT)}s")
+
+        # The webhook: the pod is created, without the sidecar.
+        hooked = {"podSelector": {"matchLabels": {"app": "hooked"}}, "dataVolume": "data",
+                  "mountPath": "/var/lib/kafka", "logDirs": ["kafka-log*"], "injection": "webhook"}
+        assert _apply(plane, ns, policy("hooked", target=hooked, sidecar={"image": "evil.example/miner:1"})
+                      ).returncode == 0  # fmt: skip
+        wait_for(lambda: plane.kubectl("get", "mutatingwebhookconfiguration", WEBHOOK, check=False).returncode == 0
+                 and cluster.configmap("hooked-kafka-cleaner"), timeout=TIMEOUT,
+                 what="the webhook configuration and the policy's ConfigMap")  # fmt: skip
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "hooked-0", "labels": {"app": "hooked", "kafkacleaner.io/inject": "enabled"}},
+               "spec": {"containers": [{"name": "kafka", "image": "apache/kafka:4.1.0",
+                                        "volumeMounts": [{"name": "data", "mountPath": "/var/lib/kafka"}]}],
+                        "volumes": [{"name": "data", "emptyDir": {}}, {"name": "host", "hostPath": {"path": "/"}}]}}
+        path = plane.root / "limits-pod.yaml"
+        path.write_text(yaml.safe_dump(pod))
+
+        def created_without(text: str) -> str | None:  # once the webhook's policy index has the edit
+            plane.kubectl("delete", "pod", "-n", ns, "hooked-0", "--ignore-not-found", "--wait=true")
+            created = plane.kubectl("create", "-n", ns, "-f", str(path), check=False)
+            assert created.returncode == 0, f"the API server refused the broker pod: {created.stderr}"
+            assert find_sidecar(cluster.pod("hooked-0")["spec"]) is None, "the sidecar was injected"
+            return created.stderr if text in created.stderr else None
+
+        warning = wait_for(lambda: created_without("spec.sidecar.image 'evil.example/miner:1'"), timeout=TIMEOUT,
+                           interval=1.0, what="hooked-0 created without the sidecar (image not allowed)")
+        assert "was not injected" in warning and "registry.example/kafka-cleaner" in warning, warning
+        message = cluster.wait_for_event("CompactionPolicy", "PolicyNotAllowed", timeout=TIMEOUT)
+        assert "hooked-0" in message and "spec.sidecar.image" in message
+        plane.kubectl("patch", "-n", ns, "compactionpolicy", "hooked", "--type=merge", "-p", json.dumps(
+            {"spec": {"sidecar": {"image": None}, "target": {"dataVolume": "host"}}}))
+        wait_for(lambda: created_without("target.dataVolume 'host' is a hostPath volume"), timeout=TIMEOUT,
+                 interval=1.0, what="hooked-0 created without the sidecar (a hostPath data volume)")
+        plane.kubectl("delete", "pod", "-n", ns, "hooked-0", "--wait=false", check=False)
+        plane.kubectl("delete", "-n", ns, "compactionpolicy", "hooked", "--wait=true", f"--timeout={int(TIMEOUT)}s")
+    plane.kubectl("delete", "mutatingwebhookconfiguration", WEBHOOK, "--ignore-not-found")
+
+
+def test_a_pinned_image_the_installer_no_longer_allows_gives_way_to_the_default(as_the_chart: ControlPlane) -> None:
+    """The default image is pinned per policy (status.rollout.sidecarImage) so an operator
+    upgrade changes no template. An upgrade that moves the default to another repository (a
+    mirror) also moves the allow-list: the pinned image is then not allowed, and the policy
+    takes the new default instead of stalling with PolicyNotAllowed."""
+    plane = as_the_chart
+    with _namespace(plane, "repin") as cluster:
+        assert _apply(plane, "repin", _broker("broker")).returncode == 0
+        target = {"statefulSet": "broker", "dataVolume": "data", "mountPath": "/var/lib/kafka", "logDirs": ["data"],
+                  "injection": "statefulSet"}
+
+        def image() -> str | None:
+            found = _template_sidecar(cluster, "broker")
+            return found[1]["image"] if found is not None else None
+
+        with running_operator(expected_warnings=STOPPED_WITH_A_POLICY):
+            assert _apply(plane, "repin", policy("pinned", target=target)).returncode == 0
+            wait_for(lambda: image() == "registry.example/kafka-cleaner:e2e"
+                     and cluster.status("pinned").get("rollout", {}).get("sidecarImage") == image(),
+                     timeout=TIMEOUT, what="the default image injected and pinned")  # fmt: skip
+        mirror = "mirror.example/kafka-cleaner:e2e"
+        with running_operator(expected_warnings=STOPPED_WITH_A_POLICY, sidecar_image=mirror):
+            wait_for(lambda: image() == mirror, timeout=TIMEOUT,
+                     what="the new default image (the pinned one is no longer allowed)")
+            assert cluster.condition("pinned", "Stalled").get("reason") != "PolicyNotAllowed"
+            plane.kubectl("delete", "-n", "repin", "compactionpolicy", "pinned", "--wait=true",
+                          f"--timeout={int(TIMEOUT)}s")
