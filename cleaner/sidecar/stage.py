@@ -199,8 +199,9 @@ def load(partition_dir: Path) -> StagedSet | None:
         return StagedSet.from_json(path.read_bytes())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, TypeError, KeyError):
-        return StagedSet(partition_dir.name, 0, 0, 0, {}, [], [], 0, None, 0, [], {}, 0, extra={"unreadable": True})
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        why = f"the stage manifest {path} is unreadable ({type(e).__name__}: {e})"
+        return StagedSet(partition_dir.name, 0, 0, 0, {}, [], [], 0, None, 0, [], {}, 0, extra={"unreadable": why})
 
 
 def staged_partitions(log_dir: Path) -> dict[TopicPartition, Path]:
@@ -680,8 +681,8 @@ WantedCheck = Callable[[TopicPartition, "StagedSet"], "Unwanted | None"]
 def validate(staged: StagedSet, partition_dir: Path) -> str | None:
     """None if ``staged`` may replace its sources in the directory as it is now, else why
     it is stale. Every check compares with what the set recorded when it was staged."""
-    if staged.extra.get("unreadable"):
-        return "the stage manifest is unreadable"
+    if unreadable := staged.extra.get("unreadable"):
+        return str(unreadable)
     sdir = set_dir(partition_dir)
     for name, size in sorted(staged.files.items()):
         try:
@@ -773,6 +774,10 @@ class CommitReport:
     left: list[str] = field(default_factory=list)
     """Partitions whose valid sets were not reached before the deadline (still staged)."""
     errors: list[tuple[str, str]] = field(default_factory=list)
+    refused: str | None = None
+    """Why this process's uid may not commit in the log dir at all (``uid_refusal``: it could
+    not take ``.lock`` or leave files the broker opens); nothing was done. Also in ``errors``,
+    under the log dir's name, where the sidecar reports errors."""
 
     def as_status(self) -> dict[str, Any]:
         return {
@@ -803,6 +808,12 @@ def commit_log_dir(log_dir: Path, time: Time, deadline_ns: int, *, wanted: Wante
         if why is not None:
             _discard(report, tp, pdir, why)
     if not any((area(p) / SET_DIR).exists() or (area(p) / WORK_DIR).exists() for p in staged.values()):
+        return report
+    # Another uid than the broker's, without write access to the log dir or the broker's
+    # group, could neither take .lock nor leave files the broker opens: say so, touch nothing.
+    report.refused = uid_refusal(log_dir)
+    if report.refused is not None:
+        report.errors.append((str(log_dir), f"nothing committed: {report.refused}"))
         return report
     lock = LogDirLock(log_dir)
     try:

@@ -22,7 +22,7 @@ from pathlib import Path
 import click
 
 from cleaner.clock import SYSTEM_TIME
-from cleaner.commands import EXIT_LOCKED, EXIT_OK, EXIT_USAGE, load_policy_or_exit
+from cleaner.commands import EXIT_FAIL_ON, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, load_policy_or_exit
 from cleaner.output import binary_bytes
 from cleaner.storage.log_dir import LogDirectory, is_kafka_log_dir
 
@@ -85,7 +85,7 @@ def status_command(log_dirs: tuple[Path, ...], policy_path: Path, as_json: bool)
 def commit_command(log_dirs: tuple[Path, ...], policy_path: Path, max_seconds: int) -> None:
     """Commit every valid staged set under the log dir's .lock (the broker must be stopped;
     a stale set is deleted, and so is a set the policy or the cluster's topic config in force
-    no longer wants). Exit 4 if a broker holds a log dir."""
+    no longer wants). Exit 4 if a broker holds a log dir, 1 if this uid may not commit in one."""
     policy = load_policy_or_exit(policy_path)
     dirs = _log_dirs_or_exit(log_dirs)
     deadline = SYSTEM_TIME.nanoseconds() + max_seconds * 1_000_000_000
@@ -110,6 +110,9 @@ def commit_command(log_dirs: tuple[Path, ...], policy_path: Path, max_seconds: i
             click.echo(f"{tp}: set discarded: {unwanted.message}")
         for tp, message in report.errors:
             click.echo(f"{tp}: commit failed: {message}", err=True)
+        if report.refused is not None:
+            code = EXIT_FAIL_ON if code == EXIT_OK else code
+            continue
         for tp in report.left:
             click.echo(f"{tp}: --max-seconds ran out; the set stays staged")
         reclaimed = sum(b for _, b in report.committed)

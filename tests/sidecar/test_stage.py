@@ -16,13 +16,16 @@ The claims:
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
 from broker_lock import BrokerLock, lock_is_free_for_another_process
 from faults import StepFaults
-from kafka_logs import consumer_view, leftover_files, snapshot_dir
+from kafka_logs import consumer_view, leftover_files
 from sidecar_helpers import (
     SimBroker,
     new_sidecar,
@@ -54,9 +57,27 @@ def _sets(log_dir: Path) -> dict[str, stage.StagedSet]:
     return {p.name: s for p in _partitions(log_dir) if (s := stage.load(p)) is not None}
 
 
-def broker_files(log_dir: Path) -> dict[str, tuple[bytes, int]]:
-    """Every file a broker reads: everything but the stage areas and ``.lock``."""
-    return {k: v for k, v in snapshot_dir(log_dir).items() if stage.STAGE_DIR not in Path(k).parts and k != ".lock"}
+def broker_files(log_dir: Path) -> dict[str, tuple]:
+    """Everything a broker could notice in ``log_dir``: every file and directory but the
+    stage areas and ``.lock``, each with its kind, inode, owner, group and mode, and for a
+    file its size, mtime and SHA-256. Directories are listed too: a partition dir re-created
+    with the same files, a file rewritten with the same bytes, a changed owner or mode are
+    each a difference (a listing of file names and bytes misses all of them)."""
+    out: dict[str, tuple] = {}
+    for root, dirs, names in os.walk(log_dir):
+        dirs[:] = [d for d in dirs if d != stage.STAGE_DIR]
+        for name in dirs + names:
+            p = Path(root) / name
+            rel = str(p.relative_to(log_dir))
+            if rel == ".lock":
+                continue
+            st = p.lstat()
+            if stat.S_ISDIR(st.st_mode):
+                out[rel] = ("dir", st.st_ino, st.st_uid, st.st_gid, st.st_mode)
+            else:
+                digest = hashlib.sha256(p.read_bytes()).hexdigest()
+                out[rel] = ("file", st.st_ino, st.st_uid, st.st_gid, st.st_mode, st.st_size, st.st_mtime_ns, digest)
+    return out
 
 
 def assert_invisible(log_dir: Path) -> None:
@@ -261,9 +282,9 @@ def test_each_stale_case_makes_the_gate_delete_the_set(tmp_path: Path, make_log_
     assert _sets(pod.data) == {}
     assert stage.cleaned_to(pod.data / a.dir_name) is None
     now = broker_files(pod.data)
-    assert {k: v for k, v in now.items() if k.startswith(a.dir_name + "/")} == {
-        k: v for k, v in expected.items() if k.startswith(a.dir_name + "/")
-    }, "the stale partition changed"
+    in_a = [k for k in expected if k == a.dir_name or k.startswith(a.dir_name + "/")]
+    assert in_a and {k: now.get(k) for k in in_a} == {k: expected[k] for k in in_a}, "the stale partition changed"
+    assert [k for k in now if k.startswith(a.dir_name + "/") and k not in expected] == [], "a new file in it"
     assert_invisible(pod.data)
     if case != "the broker compacted the partition":  # the simulated broker does not compact
         assert views(pod.data) == views(pod.twin)
