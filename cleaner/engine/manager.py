@@ -151,6 +151,7 @@ class _ProducerStateCache:
     state: ProducerStateManager
     shape: tuple
     log_end_offset: int
+    truncations: int
 
 
 class LogCleanerManager:
@@ -343,8 +344,12 @@ class LogCleanerManager:
 
         The producer state is kept between calls: while the segments are the same and the
         log only grew, just the new batches are replayed (a live broker's log is read once);
-        anything else (a roll, a clean, retention, truncation) reloads it from the newest
-        snapshot, as a broker's start-up would."""
+        after this process's own cleans and retention (no truncation, nothing appended) it
+        is kept as it is, as Kafka's cleaner thread keeps the broker's (``deleteSegments``
+        only moves the log start: a transaction still open whose first batches are gone
+        holds the first unstable offset at the log start); anything else (a truncation,
+        another process's changes) reloads it from the newest snapshot, as a broker's
+        start-up would."""
         the_log = managed.log
         tp = managed.topic_partition
         leo = the_log.log_end_offset
@@ -366,6 +371,14 @@ class LogCleanerManager:
                 for batches in the_log.iter_batches(cached.log_end_offset):
                     replay_batches(psm, batches)
                 psm.update_map_end_offset(leo)
+        elif (
+            cached is not None
+            and not the_log.read_only
+            and cached.truncations == the_log.truncations
+            and cached.log_end_offset == leo
+        ):
+            psm = cached.state
+            psm.on_log_start_offset_incremented(the_log.log_start_offset)
         else:
             psm = the_log.load_producer_state(
                 now,
@@ -373,9 +386,12 @@ class LogCleanerManager:
                 had_clean_shutdown=managed.log_dir.had_clean_shutdown,
                 recovered_at_start=managed.log_dir.recovered_at_next_start,
             )
-        self._producer_state[tp] = _ProducerStateCache(psm, shape, leo)
+        self._producer_state[tp] = _ProducerStateCache(psm, shape, leo, the_log.truncations)
         high_watermark = managed.log_dir.high_watermarks().get(tp)
-        return psm.active_producers(), psm.first_unstable_offset(high_watermark=high_watermark)
+        first_unstable = psm.first_unstable_offset(high_watermark=high_watermark)
+        if first_unstable is not None:  # maybeIncrementFirstUnstableOffset
+            first_unstable = max(first_unstable, the_log.log_start_offset)
+        return psm.active_producers(), first_unstable
 
     def refresh(self) -> None:
         """Look again at logs another process changes (read-only logs of a live broker)."""

@@ -92,6 +92,10 @@ class Log:
         """A read-only log that may still get new ``.cleaned`` segments written next to
         it (the sidecar's stage mode): no existing file is ever changed."""
         self.generation = 0
+        self.truncations = 0
+        """Bumped wherever bytes already read may have changed (a truncation, or another
+        process changing the segment list, seen by ``refresh``); not by this process's
+        cleans and retention, which leave the producer state a broker keeps in memory as it is."""
         self.dir_identity: tuple[int, int] | None = None
         """The partition dir's (st_dev, st_ino) when it was opened (``Log.open``): which
         directory this object's segments are from (``moved``)."""
@@ -293,6 +297,7 @@ class Log:
             segments.append(seg)
         if [s.base_offset for s in segments] != [s.base_offset for s in self._segments]:
             self.generation += 1
+            self.truncations += 1
         self._segments = segments
         self.pending_startup = plan.notes
         if segments:
@@ -396,6 +401,7 @@ class Log:
         self._check_writable()
         with self.lock:
             self.generation += 1
+            self.truncations += 1
             if offset >= self.log_end_offset:
                 return
             keep = [s for s in self._segments if s.base_offset < offset]

@@ -476,6 +476,13 @@ class ProducerStateManager:
     def update_map_end_offset(self, offset: int) -> None:
         self.map_end_offset = offset
 
+    def on_log_start_offset_incremented(self, log_start_offset: int) -> None:
+        """Retention moved the log start (``onLogStartOffsetIncremented``): completed
+        transactions whose marker is now below it are forgotten; open ones stay, whatever
+        their first offset (the first unstable offset is then the log start)."""
+        self._unreplicated = {f: v for f, v in self._unreplicated.items() if v[1] >= log_start_offset}
+        self.map_end_offset = max(self.map_end_offset, log_start_offset)
+
     # -- results --------------------------------------------------------------------
     @property
     def producers(self) -> Mapping[int, ProducerStateEntry]:

@@ -48,15 +48,18 @@ def legacy_plain(magic: int, row: Row) -> bytes:
 
 def legacy_wrapper(magic: int, codec: int, rows: Sequence[Row], *, log_append_time: int | None = None) -> bytes:
     """A compressed wrapper as a broker stores it: offset = last inner offset; inner offsets
-    absolute (v0) or relative 0..n-1 (v1); a v1 LogAppendTime wrapper carries the time."""
+    absolute (v0) or relative 0..n-1 (v1); a v1 wrapper carries the largest inner timestamp
+    (a producer sends 0 there; the broker's ``LogValidator`` sets it with ``setMaxTimestamp``,
+    and an old broker's cleaner wrote the largest too), a v1 LogAppendTime wrapper the time."""
     builder = LegacyRecordBatchBuilder(magic, codec, 1 << 20)
     for i, (offset, ts, key, value) in enumerate(rows):
         builder.append(offset if magic == 0 else i, ts if magic else None, key, value)
     buf = bytearray(builder.build())
     struct.pack_into(">q", buf, 0, rows[-1][0])
-    if log_append_time is not None:
-        buf[17] |= 0x08
-        struct.pack_into(">q", buf, 18, log_append_time)
+    if magic:
+        buf[17] |= 0x08 if log_append_time is not None else 0
+        wrapper_ts = log_append_time if log_append_time is not None else max(row[1] for row in rows)
+        struct.pack_into(">q", buf, 18, wrapper_ts)
         struct.pack_into(">I", buf, 12, zlib.crc32(buf[16:]))
     return bytes(buf)
 
