@@ -56,6 +56,10 @@ def install_chart(control_plane: ControlPlane) -> Callable[..., pathlib.Path]:
     def install(*values: str) -> pathlib.Path:
         args = [str(helm), f"--kubeconfig={plane.kubeconfig}", "upgrade", "--install", CHART_RELEASE, str(chart),
                 "-n", CHART_NAMESPACE, "--create-namespace", "--wait", "--timeout=120s"]
+        if not any("watchNamespaces" in value or "watchAllNamespaces" in value for value in values):
+            # The tests' operators act in namespaces of their own: the cluster-wide mode, unless
+            # a test asks for the chart's default (the release namespace) or names its own.
+            values = ("watchAllNamespaces=true", *values)
         args += [arg for value in values for arg in ("--set", value)]
         proc = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
         assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -62,7 +62,8 @@ def running_operator(*, expected_warnings: tuple[str, ...] = (), **config: Any) 
     operator_config = OperatorConfig(http_port=0, scrape_timeout=1.0, **config)
     settings = build_settings(operator_config)
     settings.watching.server_timeout = 10
-    args = ["run", "--standalone", "--all-namespaces", "--verbose"]
+    scope = [f"--namespace={ns}" for ns in operator_config.namespaces] or ["--all-namespaces"]
+    args = ["run", "--standalone", *scope, "--verbose"]
     with kopf.testing.KopfRunner(args, registry=build_registry(operator_config), settings=settings,
                                  timeout=30) as runner:
         yield runner

@@ -40,6 +40,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "all-features": ALL_ON,
     "watch-namespaces": {**ALL_ON, "watchNamespaces": ["kafka", "kafka-b"]},
+    "watch-all-namespaces": {**ALL_ON, "watchAllNamespaces": True},
     "webhook-cert-manager": {"webhook": {"enabled": True, "certManager": {"enabled": True}}},
     "webhook-managed-by-operator": {"webhook": {"enabled": True, "manageConfiguration": True}},
     "webhook-existing-secret": {"webhook": {"enabled": True, "tls": {"existingSecret": "mine",
@@ -140,6 +141,7 @@ def test_rendered_manifests_are_valid_kubernetes_objects(variant: str, helm_temp
     ({"podDisruptionBudget": {"maxUnavailable": "lots"}}, "podDisruptionBudget.maxUnavailable"),
     ({"metrics": {"prometheusRule": {"runbookBaseUrl": "docs/runbooks.md"}}}, "runbookBaseUrl"),
     ({"networkPolicy": {"prometheusPeers": [{"pods": "prometheus"}]}}, "prometheusPeers"),
+    ({"watchAllNamespaces": "yes"}, "watchAllNamespaces"),
     ({"sidecar": {"allowedImages": ["ghcr.io/kafka-cleaner/kafka-cleaner:1.0"]}}, "sidecar.allowedImages"),
     ({"sidecar": {"allowedImages": ["ghcr.io/x/y@sha256:abc"]}}, "sidecar.allowedImages"),
 ])
@@ -161,7 +163,9 @@ def test_helm_lint_rejects_bad_values_too(tmp_path: pathlib.Path) -> None:
 @pytest.mark.parametrize(("values", "error"), [
     ({"replicaCount": 2}, "needs leaderElection.enabled=true"),
     ({"networkPolicy": {"enabled": True, "brokerNamespaces": ["kafka"]}}, "brokerPodSelector"),
-    ({"networkPolicy": {"enabled": True, "brokerPodSelector": {"matchLabels": {"a": "b"}}}}, "brokerNamespaces"),
+    ({"watchAllNamespaces": True, "networkPolicy": {"enabled": True, "brokerPodSelector": {"matchLabels": {"a": "b"}}}},
+     "brokerNamespaces"),
+    ({"watchAllNamespaces": True, "watchNamespaces": ["kafka"]}, "exclude each other"),
     ({"webhook": {"enabled": True, "tls": {"existingSecret": "mine"}}}, "webhook.tls.caBundle"),
 ])
 def test_inconsistent_values_fail_with_a_message(values: dict[str, Any], error: str, tmp_path: pathlib.Path) -> None:
@@ -191,7 +195,9 @@ def test_the_deployment_configures_the_operator(variant: str, helm_template: Ren
     env = deployment_env(objects)
     config = OperatorConfig.from_env(env)  # what the operator will read: valid for every variant
     values = VARIANTS[variant]
-    assert config.namespaces == tuple(values.get("watchNamespaces", ()))
+    # Default: the release namespace only; every namespace only when asked for.
+    assert config.namespaces == (() if values.get("watchAllNamespaces") else
+                                 tuple(values.get("watchNamespaces", ["default"])))
     assert config.sidecar_image_allowlist == ("ghcr.io/kafka-cleaner/kafka-cleaner",)
     assert config.sidecar_image == "ghcr.io/kafka-cleaner/kafka-cleaner:0.1.0"
     assert config.leader_election is bool(values.get("leaderElection"))
@@ -218,6 +224,20 @@ def test_the_image_allow_list_reaches_the_operator(helm_template: Render) -> Non
     env = deployment_env(helm_template({"sidecar": {"allowedImages": ["mirror.example/kc", "localhost:5000/kc"]}}))
     config = OperatorConfig.from_env(env)
     assert config.sidecar_image_allowlist == ("mirror.example/kc", "localhost:5000/kc")
+
+
+def test_namespaced_by_default_the_webhook_and_monitors_too(helm_template: Render) -> None:
+    """The chart's default is the release namespace, for every object that names namespaces:
+    the webhook sees pods of that namespace only, the PodMonitor and NetworkPolicy follow."""
+    objects = helm_template({"webhook": {"enabled": True}, "metrics": {"podMonitor": {"enabled": True}},
+                             "networkPolicy": {"enabled": True, "brokerPodSelector": {"matchLabels": {"a": "b"}}}})
+    [configuration] = by_kind(objects, "MutatingWebhookConfiguration")
+    assert configuration["webhooks"][0]["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["default"]}]
+    [monitor] = by_kind(objects, "PodMonitor")
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["default"]}
+    assert {p["metadata"]["namespace"] for p in by_kind(objects, "NetworkPolicy")} == {"default"}
+    assert not [r for r in by_kind(objects, "ClusterRole") if any("pods" in rule["resources"] for rule in r["rules"])]
 
 
 def test_scheduling_values_reach_the_pod(helm_template: Render) -> None:
@@ -273,7 +293,7 @@ def test_rbac_grants_exactly_what_the_operator_needs(variant: str, helm_template
                                                      rbac: SimpleNamespace) -> None:
     values = VARIANTS[variant]
     grants = granted(rbac, helm_template(values))
-    watched = values.get("watchNamespaces")
+    watched = [] if values.get("watchAllNamespaces") else values.get("watchNamespaces", ["default"])
     expected = {("cluster", g, r, v, "*any*") for g, r, v in CRDS}
     if watched:
         expected |= {(ns, g, r, v, "*any*") for ns in watched for g, r, v in NAMESPACED}
@@ -512,7 +532,9 @@ def test_monitors_and_network_policy(helm_template: Render) -> None:
     [pod_monitor] = by_kind(objects, "PodMonitor")
     [pod_endpoint] = pod_monitor["spec"]["podMetricsEndpoints"]
     assert pod_endpoint["port"] == "cleaner-metrics" and pod_endpoint["honorLabels"] is False
-    assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert pod_monitor["spec"]["namespaceSelector"] == {"matchNames": ["default"]}  # the watched namespace
+    assert by_kind(helm_template({**ALL_ON, "watchAllNamespaces": True}), "PodMonitor")[0]["spec"][
+        "namespaceSelector"] == {"any": True}
     [policy] = by_kind(objects, "NetworkPolicy")
     assert policy["metadata"]["namespace"] == "kafka"
     assert policy["spec"]["podSelector"] == {"matchLabels": {"strimzi.io/kind": "Kafka"}}

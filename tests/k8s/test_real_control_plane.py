@@ -118,7 +118,7 @@ def test_helm_installs_upgrades_and_uninstalls_the_chart_and_its_rbac_is_what_th
     assert deployment["status"].get("readyReplicas") == 1  # the operator's pod, Ready on a kwok node
     account = f"system:serviceaccount:{ns}:life-kafka-cleaner-operator"
 
-    def can(verb: str, resource: str, namespace: str = "kafka") -> bool:
+    def can(verb: str, resource: str, namespace: str = ns) -> bool:
         # "pods/exec" as one argument would be the pod named "exec": subresources are an option.
         resource, _, subresource = resource.partition("/")
         extra = [f"--subresource={subresource}"] if subresource else []
@@ -137,6 +137,8 @@ def test_helm_installs_upgrades_and_uninstalls_the_chart_and_its_rbac_is_what_th
         ("create", "events"),
     ]:
         assert can(verb, resource), f"the operator may not {verb} {resource}"
+        # By default only the release namespace: nothing in a namespace the chart does not name.
+        assert not can(verb, resource, "kafka"), f"the operator may {verb} {resource} in another namespace"
     for verb, resource in [
         ("get", "secrets"),
         ("list", "secrets"),

@@ -84,10 +84,23 @@ app.kubernetes.io/part-of: kafka-cleaner
 {{- printf "%s#%s" (trimSuffix "/" .root.Values.metrics.prometheusRule.runbookBaseUrl) (lower .alert) }}
 {{- end }}
 
+{{/* The namespaces the operator reconciles, as JSON: watchNamespaces, else the release's
+     own; [] (every namespace) only with watchAllNamespaces. */}}
+{{- define "kco.watchNamespaces" -}}
+{{- if .Values.watchAllNamespaces }}
+{{- if .Values.watchNamespaces }}
+{{- fail "watchAllNamespaces and watchNamespaces exclude each other" }}
+{{- end }}
+{{- toJson list }}
+{{- else }}
+{{- toJson (default (list .Release.Namespace) .Values.watchNamespaces) }}
+{{- end }}
+{{- end }}
+
 {{/* Namespaces of the broker pods, for the PodMonitor and the NetworkPolicy. */}}
 {{- define "kco.brokerNamespaces" -}}
 {{- $ns := .explicit }}
-{{- if not $ns }}{{ $ns = .root.Values.watchNamespaces }}{{ end }}
+{{- if not $ns }}{{ $ns = include "kco.watchNamespaces" .root | fromJsonArray }}{{ end }}
 {{- toJson $ns }}
 {{- end }}
 
