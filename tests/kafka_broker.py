@@ -30,7 +30,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -412,6 +412,55 @@ class RealBroker:
             return {tp.partition: (first[tp], last[tp]) for tp in tps}
         finally:
             consumer.close()
+
+
+@contextlib.contextmanager
+def two_broker_cluster(
+    root: Path, line: str, *, extra: dict[str, str] | None = None, cleaner_enable: bool = False
+) -> Iterator[tuple[RealBroker, RealBroker, RealBroker]]:
+    """A controller (node 0, fencing a silent broker after 3 s) and brokers 1 and 2 in its
+    quorum, started and ready; every node is killed at the end (and resumed first, should a
+    test have SIGSTOPped it)."""
+    controller = RealBroker(
+        root / "controller", line, node_id=0, roles="controller", extra={"broker.session.timeout.ms": "3000"}
+    )
+    one, two = (
+        RealBroker(
+            root / f"broker-{n}",
+            line,
+            node_id=n,
+            roles="broker",
+            quorum=controller,
+            cleaner_enable=cleaner_enable,
+            extra=extra,
+        )
+        for n in (1, 2)
+    )
+    try:
+        controller.start(wait=False)
+        one.start(wait=False)
+        two.start()
+        one.wait_ready()
+        yield controller, one, two
+    finally:
+        for node in (two, one, controller):
+            if node.proc is not None:
+                os.kill(node.proc.pid, signal.SIGCONT)
+            node.stop(kill=True)
+
+
+def create_topic(
+    broker: RealBroker, topic: str, assignment: dict[int, list[int]], configs: dict[str, str] | None = None
+) -> None:
+    """``topic`` with these replica assignments (partition -> brokers, the first the preferred
+    leader) and topic configs, through the Admin API."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=30_000)
+    try:
+        admin.create_topics([NewTopic(topic, replica_assignments=assignment, topic_configs=configs or {})])
+    finally:
+        admin.close()
 
 
 def partition_files(log_dir: Path, topic: str) -> dict[str, dict[str, int]]:

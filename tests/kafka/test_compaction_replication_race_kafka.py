@@ -22,13 +22,11 @@ or forever (4: read_committed frozen at the open transaction's first offset).
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from pathlib import Path
 
 import pytest
-from kafka_broker import EACH_KAFKA_LINE, RealBroker, wait_until
+from kafka_broker import EACH_KAFKA_LINE, RealBroker, create_topic, two_broker_cluster, wait_until
 from replication_race import (
     aborted_transactions,
     coordinator_state,
@@ -67,41 +65,9 @@ def _records_of_key(broker: RealBroker) -> list[str]:
 
 
 def test_deleted_data_reappears_on_a_replica_that_was_away_past_the_delete_horizon(tmp_path: Path, line: str) -> None:
-    controller = RealBroker(
-        tmp_path / "controller", line, node_id=0, roles="controller", extra={"broker.session.timeout.ms": "3000"}
-    )
-    one = RealBroker(
-        tmp_path / "broker-1",
-        line,
-        node_id=1,
-        roles="broker",
-        quorum=controller,
-        cleaner_enable=True,
-        extra=BROKER_SETTINGS,
-    )
-    two = RealBroker(
-        tmp_path / "broker-2",
-        line,
-        node_id=2,
-        roles="broker",
-        quorum=controller,
-        cleaner_enable=True,
-        extra=BROKER_SETTINGS,
-    )
-    nodes = (controller, one, two)
     started = time.monotonic()
-    try:
-        controller.start(wait=False)
-        one.start(wait=False)
-        two.start()
-        one.wait_ready()
-        from kafka.admin import KafkaAdminClient, NewTopic
-
-        admin = KafkaAdminClient(bootstrap_servers=one.bootstrap, request_timeout_ms=30_000)
-        try:
-            admin.create_topics([NewTopic(TOPIC, replica_assignments={0: [1, 2]}, topic_configs=TOPIC_CONFIGS)])
-        finally:
-            admin.close()
+    with two_broker_cluster(tmp_path, line, extra=BROKER_SETTINGS, cleaner_enable=True) as (_, one, two):
+        create_topic(one, TOPIC, {0: [1, 2]}, TOPIC_CONFIGS)
         wait_until(lambda: one.partition_state(TOPIC) == {"leader": 1, "isr": [1, 2]}, "both replicas in sync")
 
         # Both replicas hold the key's value.
@@ -138,11 +104,6 @@ def test_deleted_data_reappears_on_a_replica_that_was_away_past_the_delete_horiz
         served = two.consume(TOPIC, 1)[0]
         assert served.get(KEY) == b"date-of-birth:1990-01-01", "the race did not reproduce"
         print(f"reproduced on Kafka {line} in {time.monotonic() - started:.0f} s")
-    finally:
-        for node in reversed(nodes):
-            if node.proc is not None:
-                os.kill(node.proc.pid, signal.SIGCONT)
-            node.stop(kill=True)
 
 
 # -- manifestations 2-4: transaction markers compacted away while a replica is away ---------
@@ -207,166 +168,141 @@ def test_transaction_markers_compacted_away_while_a_replica_is_away(tmp_path: Pa
     on one cluster: a controller and two brokers, broker 2 away while broker 1 takes the
     markers and its cleaner removes them, then broker 2 back and leading."""
     phases = _Phases(line)
-    controller = RealBroker(
-        tmp_path / "controller", line, node_id=0, roles="controller", extra={"broker.session.timeout.ms": "3000"}
-    )
-    one, two = (
-        RealBroker(
-            tmp_path / f"broker-{n}",
-            line,
-            node_id=n,
-            roles="broker",
-            quorum=controller,
-            cleaner_enable=True,
-            extra=TXN_BROKER_SETTINGS,
-        )
-        for n in (1, 2)
-    )
-    nodes = (controller, one, two)
     producers = []
-    try:
-        controller.start(wait=False)
-        one.start(wait=False)
-        two.start()
-        one.wait_ready()
-        from kafka.admin import KafkaAdminClient, NewTopic
-
-        admin = KafkaAdminClient(bootstrap_servers=one.bootstrap, request_timeout_ms=30_000)
+    with two_broker_cluster(tmp_path, line, extra=TXN_BROKER_SETTINGS, cleaner_enable=True) as (_, one, two):
         try:
             assignment = {p: [1, 2] for p in (ABORTED_SERVED, COMMITTED_HIDDEN, FROZEN)}
-            admin.create_topics([NewTopic(TXN_TOPIC, replica_assignments=assignment, topic_configs=TXN_TOPIC_CONFIGS)])
-        finally:
-            admin.close()
-        wait_until(lambda: _all_partitions(one, {"leader": 1, "isr": [1, 2]}), "both replicas in sync")
-        phases.done("cluster up")
+            create_topic(one, TXN_TOPIC, assignment, TXN_TOPIC_CONFIGS)
+            wait_until(lambda: _all_partitions(one, {"leader": 1, "isr": [1, 2]}), "both replicas in sync")
+            phases.done("cluster up")
 
-        # An account both replicas hold; then each partition's producer opens a transaction:
-        # a refund (to be aborted), the account's deletion (to be committed), an order's
-        # state (to be committed and superseded). Both replicas take the transactions' data.
-        one.produce(TXN_TOPIC, [(COMMITTED_HIDDEN, b"account-3", b"balance:120")])
-        aborted, committed, frozen = (transactional_producer(one, name) for name in ("aborted", "committed", "frozen"))
-        producers += [aborted, committed, frozen]
-        lead_transaction_coordinator(one, 1, [2])  # it must outlive broker 2's absence
-        first: dict[int, int] = {}
-        for producer, partition, key, value in (
-            (aborted, ABORTED_SERVED, b"payment-7", b"refund:9999"),
-            (committed, COMMITTED_HIDDEN, b"account-3", None),
-            (frozen, FROZEN, b"order-5", b"state:paid"),
-        ):
-            producer.begin_transaction()
-            first[partition] = producer.send(TXN_TOPIC, key=key, value=value, partition=partition).get(30).offset
-            producer.flush(30)
-        pid = wait_until(
-            lambda: {p: producer_id_at(two.log_dir, TXN_TOPIC, p, first[p]) for p in first},
-            "the transactions' data on broker 2",
-        )
-        phases.done("transactions open on both replicas")
-
-        # Broker 2 is away. The transactions end; a newer state supersedes the paid order.
-        two.stop()
-        wait_until(lambda: _all_partitions(one, {"leader": 1, "isr": [1]}), "broker 2 out of the ISR")
-        aborted.abort_transaction()
-        committed.commit_transaction()
-        frozen.commit_transaction()
-        one.produce(TXN_TOPIC, [(FROZEN, b"order-5", b"state:shipped")])
-        phases.done("broker 2 away, the transactions ended on the leader")
-
-        # The producers go idle and expire on the leader; its cleaner removes the aborted
-        # refund, the committed deletion (past its horizon), the superseded order, and then,
-        # past their own horizons, the markers. Each round adds a rolled, dirty segment.
-        tag = 0
-
-        def markers_gone_from_the_leader() -> bool:
-            nonlocal tag
-            if all(of_producer(one.log_dir, TXN_TOPIC, p, pid[p]) == [] for p in first):
-                return True
-            one.produce(TXN_TOPIC, [(p, b"filler-%d" % (tag % 7), b"%d" % tag) for p in first])
-            tag += 1
-            time.sleep(0.3)
-            return False
-
-        wait_until(markers_gone_from_the_leader, "broker 1's cleaner to remove the transactions' data and markers")
-        assert one.consume(TXN_TOPIC, 3)[COMMITTED_HIDDEN].get(b"account-3", "absent") == "absent"
-        phases.done(f"data and markers compacted away on the leader ({tag} dirty rounds)")
-
-        # Broker 2 comes back with every transaction's data and none of its markers: each
-        # transaction is open there, its last stable offset held at its first offset.
-        two.start()
-        wait_until(lambda: _all_partitions(one, {"leader": 1, "isr": [1, 2]}), "broker 2 back in the ISR")
-        for p in first:
-            assert of_producer(two.log_dir, TXN_TOPIC, p, pid[p]) == [f"data@{first[p]}"]
-        phases.done("broker 2 back in the ISR")
-
-        # Two producers write one more transaction each: broker 2 fetches its data (which
-        # joins the open transaction) and its marker (which ends it from the old first
-        # offset). The refund's producer commits, the deletion's producer aborts; the third
-        # never writes again. A new order is written after them.
-        aborted.begin_transaction()
-        aborted.send(TXN_TOPIC, key=b"payment-8", value=b"refund:1", partition=ABORTED_SERVED)
-        aborted.commit_transaction()
-        committed.begin_transaction()
-        # (sent before the abort: an abort drops what the producer has not sent yet)
-        committed.send(TXN_TOPIC, key=b"account-4", value=b"balance:0", partition=COMMITTED_HIDDEN).get(30)
-        committed.abort_transaction()
-        for p in (ABORTED_SERVED, COMMITTED_HIDDEN):
-            wait_until(
-                lambda p=p: any(m.startswith("marker") for m in of_producer(two.log_dir, TXN_TOPIC, p, pid[p])),
-                f"the next marker on broker 2 ({p})",
+            # An account both replicas hold; then each partition's producer opens a transaction:
+            # a refund (to be aborted), the account's deletion (to be committed), an order's
+            # state (to be committed and superseded). Both replicas take the transactions' data.
+            one.produce(TXN_TOPIC, [(COMMITTED_HIDDEN, b"account-3", b"balance:120")])
+            aborted, committed, frozen = (
+                transactional_producer(one, name) for name in ("aborted", "committed", "frozen")
             )
-        # Broker 2 lists the committed deletion's producer as aborted from the deletion on.
-        (closed,) = wait_until(
-            lambda: [
+            producers += [aborted, committed, frozen]
+            lead_transaction_coordinator(one, 1, [2])  # it must outlive broker 2's absence
+            first: dict[int, int] = {}
+            for producer, partition, key, value in (
+                (aborted, ABORTED_SERVED, b"payment-7", b"refund:9999"),
+                (committed, COMMITTED_HIDDEN, b"account-3", None),
+                (frozen, FROZEN, b"order-5", b"state:paid"),
+            ):
+                producer.begin_transaction()
+                first[partition] = producer.send(TXN_TOPIC, key=key, value=value, partition=partition).get(30).offset
+                producer.flush(30)
+            pid = wait_until(
+                lambda: {p: producer_id_at(two.log_dir, TXN_TOPIC, p, first[p]) for p in first},
+                "the transactions' data on broker 2",
+            )
+            phases.done("transactions open on both replicas")
+
+            # Broker 2 is away. The transactions end; a newer state supersedes the paid order.
+            two.stop()
+            wait_until(lambda: _all_partitions(one, {"leader": 1, "isr": [1]}), "broker 2 out of the ISR")
+            aborted.abort_transaction()
+            committed.commit_transaction()
+            frozen.commit_transaction()
+            one.produce(TXN_TOPIC, [(FROZEN, b"order-5", b"state:shipped")])
+            phases.done("broker 2 away, the transactions ended on the leader")
+
+            # The producers go idle and expire on the leader; its cleaner removes the aborted
+            # refund, the committed deletion (past its horizon), the superseded order, and then,
+            # past their own horizons, the markers. Each round adds a rolled, dirty segment.
+            tag = 0
+
+            def markers_gone_from_the_leader() -> bool:
+                nonlocal tag
+                if all(of_producer(one.log_dir, TXN_TOPIC, p, pid[p]) == [] for p in first):
+                    return True
+                one.produce(TXN_TOPIC, [(p, b"filler-%d" % (tag % 7), b"%d" % tag) for p in first])
+                tag += 1
+                time.sleep(0.3)
+                return False
+
+            wait_until(markers_gone_from_the_leader, "broker 1's cleaner to remove the transactions' data and markers")
+            assert one.consume(TXN_TOPIC, 3)[COMMITTED_HIDDEN].get(b"account-3", "absent") == "absent"
+            phases.done(f"data and markers compacted away on the leader ({tag} dirty rounds)")
+
+            # Broker 2 comes back with every transaction's data and none of its markers: each
+            # transaction is open there, its last stable offset held at its first offset.
+            two.start()
+            wait_until(lambda: _all_partitions(one, {"leader": 1, "isr": [1, 2]}), "broker 2 back in the ISR")
+            for p in first:
+                assert of_producer(two.log_dir, TXN_TOPIC, p, pid[p]) == [f"data@{first[p]}"]
+            phases.done("broker 2 back in the ISR")
+
+            # Two producers write one more transaction each: broker 2 fetches its data (which
+            # joins the open transaction) and its marker (which ends it from the old first
+            # offset). The refund's producer commits, the deletion's producer aborts; the third
+            # never writes again. A new order is written after them.
+            aborted.begin_transaction()
+            aborted.send(TXN_TOPIC, key=b"payment-8", value=b"refund:1", partition=ABORTED_SERVED)
+            aborted.commit_transaction()
+            committed.begin_transaction()
+            # (sent before the abort: an abort drops what the producer has not sent yet)
+            committed.send(TXN_TOPIC, key=b"account-4", value=b"balance:0", partition=COMMITTED_HIDDEN).get(30)
+            committed.abort_transaction()
+            for p in (ABORTED_SERVED, COMMITTED_HIDDEN):
+                wait_until(
+                    lambda p=p: any(m.startswith("marker") for m in of_producer(two.log_dir, TXN_TOPIC, p, pid[p])),
+                    f"the next marker on broker 2 ({p})",
+                )
+            # Broker 2 lists the committed deletion's producer as aborted from the deletion on.
+            (closed,) = wait_until(
+                lambda: [
+                    t
+                    for t in aborted_transactions(two.log_dir, TXN_TOPIC, COMMITTED_HIDDEN)
+                    if t.producer_id == pid[COMMITTED_HIDDEN]
+                ],
+                "broker 2's aborted-transaction index entry",
+            )
+            assert closed.first_offset == first[COMMITTED_HIDDEN]
+            assert not [
                 t
-                for t in aborted_transactions(two.log_dir, TXN_TOPIC, COMMITTED_HIDDEN)
-                if t.producer_id == pid[COMMITTED_HIDDEN]
-            ],
-            "broker 2's aborted-transaction index entry",
-        )
-        assert closed.first_offset == first[COMMITTED_HIDDEN]
-        assert not [
-            t
-            for t in aborted_transactions(one.log_dir, TXN_TOPIC, COMMITTED_HIDDEN)
-            if t.first_offset <= first[COMMITTED_HIDDEN]
-        ]  # the leader's covers only the new transaction
-        one.produce(TXN_TOPIC, [(FROZEN, b"order-6", b"state:new")])  # acks=all: on broker 2 too
-        # The leader serves each partition as the transactions ended.
-        led_by_one = {p: serve(one, TXN_TOPIC, p, "read_committed") for p in first}
-        assert led_by_one[ABORTED_SERVED].value_of(b"payment-7") == "absent"
-        assert led_by_one[ABORTED_SERVED].value_of(b"payment-8") == b"refund:1"
-        assert led_by_one[COMMITTED_HIDDEN].value_of(b"account-3") == "absent"
-        assert led_by_one[FROZEN].value_of(b"order-5") == b"state:shipped"
-        assert led_by_one[FROZEN].value_of(b"order-6") == b"state:new"
-        phases.done("next transactions on both replicas")
+                for t in aborted_transactions(one.log_dir, TXN_TOPIC, COMMITTED_HIDDEN)
+                if t.first_offset <= first[COMMITTED_HIDDEN]
+            ]  # the leader's covers only the new transaction
+            one.produce(TXN_TOPIC, [(FROZEN, b"order-6", b"state:new")])  # acks=all: on broker 2 too
+            # The leader serves each partition as the transactions ended.
+            led_by_one = {p: serve(one, TXN_TOPIC, p, "read_committed") for p in first}
+            assert led_by_one[ABORTED_SERVED].value_of(b"payment-7") == "absent"
+            assert led_by_one[ABORTED_SERVED].value_of(b"payment-8") == b"refund:1"
+            assert led_by_one[COMMITTED_HIDDEN].value_of(b"account-3") == "absent"
+            assert led_by_one[FROZEN].value_of(b"order-5") == b"state:shipped"
+            assert led_by_one[FROZEN].value_of(b"order-6") == b"state:new"
+            phases.done("next transactions on both replicas")
 
-        one.stop()
-        wait_until(lambda: _all_partitions(two, {"leader": 2, "isr": [2]}), "broker 2 leading")
-        led_by_two = {p: serve(two, TXN_TOPIC, p, "read_committed") for p in first}
-        uncommitted = serve(two, TXN_TOPIC, FROZEN, "read_uncommitted")
-        phases.done("broker 2 leads")
+            one.stop()
+            wait_until(lambda: _all_partitions(two, {"leader": 2, "isr": [2]}), "broker 2 leading")
+            led_by_two = {p: serve(two, TXN_TOPIC, p, "read_committed") for p in first}
+            uncommitted = serve(two, TXN_TOPIC, FROZEN, "read_uncommitted")
+            phases.done("broker 2 leads")
 
-        # 2: the aborted refund is served as committed.
-        assert led_by_two[ABORTED_SERVED].value_of(b"payment-7") == b"refund:9999", "manifestation 2 did not reproduce"
-        # 3: the committed deletion is classified as aborted on broker 2 (the next ABORT ended
-        # the transaction from its offset; broker 2's own cleaner may since have removed it as
-        # aborted data): read_committed serves the deleted account's balance.
-        assert first[COMMITTED_HIDDEN] not in led_by_two[COMMITTED_HIDDEN].offsets()
-        assert led_by_two[COMMITTED_HIDDEN].value_of(b"account-3") == b"balance:120", (
-            "manifestation 3 did not reproduce"
-        )
-        # 4: the last stable offset is stuck at the open transaction's first offset: nothing
-        # at or after it, not even the records written after it, is served.
-        assert led_by_two[FROZEN].end == first[FROZEN], "manifestation 4 did not reproduce"
-        assert led_by_two[FROZEN].records == []
-        assert uncommitted.value_of(b"order-6") == b"state:new"  # on broker 2, not served committed
-        # The leader holds the producer's transaction open from that offset; its coordinator
-        # completed it (the hanging transaction `kafka-transactions.sh find-hanging` looks for).
-        assert open_transactions(two, TXN_TOPIC, FROZEN) == {pid[FROZEN]: first[FROZEN]}
-        assert coordinator_state(two, "frozen") == "CompleteCommit"
-        print(phases.report())
-    finally:
-        for producer in producers:
-            producer.close(timeout=5)
-        for node in reversed(nodes):
-            if node.proc is not None:
-                os.kill(node.proc.pid, signal.SIGCONT)
-            node.stop(kill=True)
+            # 2: the aborted refund is served as committed.
+            assert led_by_two[ABORTED_SERVED].value_of(b"payment-7") == b"refund:9999", (
+                "manifestation 2 did not reproduce"
+            )
+            # 3: the committed deletion is classified as aborted on broker 2 (the next ABORT ended
+            # the transaction from its offset; broker 2's own cleaner may since have removed it as
+            # aborted data): read_committed serves the deleted account's balance.
+            assert first[COMMITTED_HIDDEN] not in led_by_two[COMMITTED_HIDDEN].offsets()
+            assert led_by_two[COMMITTED_HIDDEN].value_of(b"account-3") == b"balance:120", (
+                "manifestation 3 did not reproduce"
+            )
+            # 4: the last stable offset is stuck at the open transaction's first offset: nothing
+            # at or after it, not even the records written after it, is served.
+            assert led_by_two[FROZEN].end == first[FROZEN], "manifestation 4 did not reproduce"
+            assert led_by_two[FROZEN].records == []
+            assert uncommitted.value_of(b"order-6") == b"state:new"  # on broker 2, not served committed
+            # The leader holds the producer's transaction open from that offset; its coordinator
+            # completed it (the hanging transaction `kafka-transactions.sh find-hanging` looks for).
+            assert open_transactions(two, TXN_TOPIC, FROZEN) == {pid[FROZEN]: first[FROZEN]}
+            assert coordinator_state(two, "frozen") == "CompleteCommit"
+            print(phases.report())
+        finally:
+            for producer in producers:
+                producer.close(timeout=5)

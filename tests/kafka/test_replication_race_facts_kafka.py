@@ -8,14 +8,12 @@ its own disk says, through metadata newer than its restart."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from pathlib import Path
 
 import pytest
 from compaction_operator.divergence import replication_race_risks
-from kafka_broker import EACH_KAFKA_LINE, RealBroker, wait_until
+from kafka_broker import EACH_KAFKA_LINE, RealBroker, create_topic, two_broker_cluster, wait_until
 
 from cleaner.clock import SystemTime
 from cleaner.config import parse_policy_text
@@ -59,33 +57,9 @@ def _facts(broker: RealBroker, broker_id: int, now_ms: int) -> dict:
 
 
 def test_the_leaders_metadata_names_the_stopped_replica_and_the_tombstone_it_lacks(tmp_path: Path, line: str) -> None:
-    controller = RealBroker(
-        tmp_path / "controller", line, node_id=0, roles="controller", extra={"broker.session.timeout.ms": "3000"}
-    )
-    one = RealBroker(tmp_path / "broker-1", line, node_id=1, roles="broker", quorum=controller, extra=SETTINGS)
-    two = RealBroker(tmp_path / "broker-2", line, node_id=2, roles="broker", quorum=controller, extra=SETTINGS)
-    nodes = (controller, one, two)
     started = time.monotonic()
-    try:
-        controller.start(wait=False)
-        one.start(wait=False)
-        two.start()
-        one.wait_ready()
-        from kafka.admin import KafkaAdminClient, NewTopic
-
-        admin = KafkaAdminClient(bootstrap_servers=one.bootstrap, request_timeout_ms=30_000)
-        try:
-            admin.create_topics(
-                [
-                    NewTopic(
-                        TOPIC,
-                        replica_assignments={0: [1, 2]},
-                        topic_configs={"cleanup.policy": "compact", "delete.retention.ms": str(RETENTION_MS)},
-                    )
-                ]
-            )
-        finally:
-            admin.close()
+    with two_broker_cluster(tmp_path, line, extra=SETTINGS) as (_, one, two):
+        create_topic(one, TOPIC, {0: [1, 2]}, {"cleanup.policy": "compact", "delete.retention.ms": str(RETENTION_MS)})
         wait_until(lambda: one.partition_state(TOPIC) == {"leader": 1, "isr": [1, 2]}, "both replicas in sync")
         one.produce(TOPIC, [(0, b"k%d" % i, b"v") for i in range(20)])
 
@@ -154,8 +128,3 @@ def test_the_leaders_metadata_names_the_stopped_replica_and_the_tombstone_it_lac
         wait_until(lambda: not in_sync_of(read_cluster_metadata(find_metadata_dir([one.metadata_dir])), 1).at_min_isr,
                    "broker 1 free to restart again")  # fmt: skip
         print(f"Kafka {line}: facts named the stopped replica, and it came back, in {time.monotonic() - started:.0f} s")
-    finally:
-        for node in reversed(nodes):
-            if node.proc is not None:
-                os.kill(node.proc.pid, signal.SIGCONT)
-            node.stop(kill=True)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kafka_broker import EACH_KAFKA_LINE, RealBroker, wait_until
+from kafka_broker import EACH_KAFKA_LINE, RealBroker, create_topic, two_broker_cluster, wait_until
 from sidecar_helpers import new_sidecar, next_scan, status_of, write_policy
 
 from cleaner.clock import MockTime
@@ -78,25 +78,9 @@ def _elect_uncleanly(broker: RealBroker) -> str:
 
 
 def test_a_set_staged_over_records_a_truncation_discards_is_deleted_at_the_gate(tmp_path: Path, line: str) -> None:
-    controller = RealBroker(
-        tmp_path / "controller", line, node_id=0, roles="controller", extra={"broker.session.timeout.ms": "3000"}
-    )
-    one = RealBroker(tmp_path / "broker-1", line, node_id=1, roles="broker", quorum=controller, extra=BROKER_SETTINGS)
-    two = RealBroker(tmp_path / "broker-2", line, node_id=2, roles="broker", quorum=controller, extra=BROKER_SETTINGS)
-    nodes = (controller, one, two)
-    try:
-        controller.start(wait=False)
-        one.start(wait=False)
-        two.start()
-        one.wait_ready()
-        from kafka.admin import KafkaAdminClient, NewTopic
-
-        admin = KafkaAdminClient(bootstrap_servers=two.bootstrap, request_timeout_ms=30_000)
-        try:
-            configs = {"cleanup.policy": "compact,delete", "segment.bytes": str(SEGMENT_BYTES), "retention.ms": "-1"}
-            admin.create_topics([NewTopic(TOPIC, replica_assignments={0: [2, 1]}, topic_configs=configs)])
-        finally:
-            admin.close()
+    with two_broker_cluster(tmp_path, line, extra=BROKER_SETTINGS) as (_, one, two):
+        configs = {"cleanup.policy": "compact,delete", "segment.bytes": str(SEGMENT_BYTES), "retention.ms": "-1"}
+        create_topic(two, TOPIC, {0: [2, 1]}, configs)
         wait_until(lambda: two.partition_state(TOPIC) == {"leader": 2, "isr": [1, 2]}, "both replicas in sync")
 
         # Both replicas take the first records; then broker 2 leads alone and takes records
@@ -166,8 +150,3 @@ def test_a_set_staged_over_records_a_truncation_discards_is_deleted_at_the_gate(
         assert two.consume(TOPIC, 1)[0] == served
         assert two.offsets(TOPIC, 1) == offsets
         assert _past_the_handover(two.log_since_start()) == [], two.log_tail()
-    finally:
-        for node in reversed(nodes):
-            if node.proc is not None:
-                os.kill(node.proc.pid, signal.SIGCONT)
-            node.stop(kill=True)
