@@ -17,7 +17,7 @@ import datetime
 import enum
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -187,6 +187,10 @@ class LogCleanerManager:
         """The cluster metadata as the last ``logs()`` read it (replication race facts)."""
         self.broker_id: int | None = None
         self.cluster_metadata_error: str | None = None
+        self.deletion_at_risk: Mapping[TopicPartition, int] = {}
+        """Partitions about to breach their deletion deadline, with the time left in ms (the
+        sidecar sets it from its last scan, issue 25, item 3): eligible whatever their dirty
+        ratio and cleaned first, least time left first. Empty: Kafka's order alone."""
 
     # -- the set of logs ------------------------------------------------------------------
     def logs(self) -> dict[TopicPartition, ManagedLog]:
@@ -586,15 +590,22 @@ class LogCleanerManager:
                 if ltc.total_bytes > 0:
                     candidates.append((ltc, managed.rule.min_cleanable_dirty_ratio))
             self.dirtiest_log_cleanable_ratio = max((c.cleanable_ratio for c, _ in candidates), default=0.0)
+            urgent = self.deletion_at_risk
             eligible = [
                 c
                 for c, min_ratio in candidates
-                if (c.needs_compaction_now and c.cleanable_bytes > 0) or c.cleanable_ratio > min_ratio
+                if (c.needs_compaction_now and c.cleanable_bytes > 0)
+                or c.cleanable_ratio > min_ratio
+                or (c.topic_partition in urgent and c.cleanable_bytes > 0)
             ]
             if not eligible:
                 return None
             pre_stats.cleanable_partitions = len(eligible)
-            chosen = max(eligible, key=lambda c: c.cleanable_ratio)
+            at_risk = [c for c in eligible if c.topic_partition in urgent]
+            if at_risk:
+                chosen = min(at_risk, key=lambda c: urgent[c.topic_partition])
+            else:
+                chosen = max(eligible, key=lambda c: c.cleanable_ratio)
             self._in_progress[chosen.topic_partition] = _State(CleaningState.IN_PROGRESS)
             return chosen
 

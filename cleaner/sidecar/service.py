@@ -734,6 +734,20 @@ def _handler(sidecar: Sidecar) -> type[BaseHTTPRequestHandler]:
 # -- the modes ------------------------------------------------------------------------------
 
 
+def deletion_at_risk(snapshot: ScanSnapshot | None) -> dict[tuple[str, TopicPartition], int]:
+    """The partitions of the last scan about to breach their deletion deadline (or past it)
+    that a clean would help (what holds them back is the dirty ratio or no cleaner taking
+    them), by (log dir, partition), with the time left: compact and stage mode clean them
+    before the dirtiest (issue 25, item 3)."""
+    out: dict[tuple[str, TopicPartition], int] = {}
+    for s in snapshot.statuses if snapshot is not None else []:
+        d = s.deletion
+        if d is not None and at_risk(d) and d.held_back_by in ("cleaner", "dirtyRatio"):
+            assert d.remaining_ms is not None
+            out[(s.report.log_dir, s.report.topic_partition)] = d.remaining_ms
+    return out
+
+
 class _Controller:
     """Observe mode: nothing to do besides the scans; its gate opens at once."""
 
@@ -887,6 +901,9 @@ class _CompactController(_Controller):
         dirs = [LogDirectory(d) for d in self.locks]
         self.manager = LogCleanerManager(dirs, sc.policy, sc.time)
         by_path = {str(d): d for d in dirs}
+        self.manager.deletion_at_risk = {
+            tp: left for (log_dir, tp), left in deletion_at_risk(sc.snapshot).items() if log_dir in by_path
+        }
         for (log_dir, tp), why in self.uncleanable().items():
             if log_dir in by_path:
                 self.manager.mark_partition_uncleanable(by_path[log_dir], tp, why)
@@ -1113,7 +1130,7 @@ class _StageController(_Controller):
         self.validate_all(manager, logs)
         sc.state.state = "idle"
         candidates = self._candidates(manager, logs)
-        urgent = self._deadline_at_risk()
+        urgent = deletion_at_risk(sc.snapshot)
         best = None
         for tp, managed in candidates:
             try:
@@ -1182,19 +1199,6 @@ class _StageController(_Controller):
             sc.metrics.cleanings.labels("staged").inc()
             sc.state.last_cleaned_at[ltc.topic_partition] = now
             sc._next_scan_ms = 0
-
-    def _deadline_at_risk(self) -> dict[tuple[str, TopicPartition], int]:
-        """The partitions of the last scan about to breach their deletion deadline (or past it)
-        that a clean would help (what holds them back is the dirty ratio or no cleaner taking
-        them), with the time left: stage mode cleans them before the dirtiest."""
-        snapshot = self.sidecar.snapshot
-        out: dict[tuple[str, TopicPartition], int] = {}
-        for s in snapshot.statuses if snapshot is not None else []:
-            d = s.deletion
-            if d is not None and at_risk(d) and d.held_back_by in ("cleaner", "dirtyRatio"):
-                assert d.remaining_ms is not None
-                out[(s.report.log_dir, s.report.topic_partition)] = d.remaining_ms
-        return out
 
     def _candidates(
         self, manager: LogCleanerManager, logs: dict[TopicPartition, ManagedLog]

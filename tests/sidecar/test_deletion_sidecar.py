@@ -1,5 +1,5 @@
 """The deletion deadline in the sidecar (issue 25.2 and 25.3): ``/status`` and metrics carry it,
-and stage mode cleans a partition about to breach before the dirtiest ones."""
+and stage and compact mode clean a partition about to breach before the dirtiest ones."""
 
 from __future__ import annotations
 
@@ -8,7 +8,17 @@ from pathlib import Path
 import pytest
 from broker_lock import BrokerLock
 from prometheus_client import generate_latest
-from sidecar_helpers import NOW_MS, SimBroker, new_sidecar, next_scan, partition_entry, topic_entry, write_policy
+from sidecar_helpers import (
+    ALWAYS,
+    NOW_MS,
+    SimBroker,
+    finish_pass,
+    new_sidecar,
+    next_scan,
+    partition_entry,
+    topic_entry,
+    write_policy,
+)
 
 from cleaner.clock import MockTime
 from cleaner.sidecar import stage
@@ -95,3 +105,36 @@ def test_stage_mode_cleans_the_partition_about_to_breach_first(tmp_path: Path, m
     finally:
         broker.close()
         lock.release()
+
+
+@pytest.mark.parametrize("ratio", [0.5, 1.0])
+def test_compact_mode_cleans_the_partition_about_to_breach_first(
+    tmp_path: Path, make_log_dir, caplog: pytest.LogCaptureFixture, ratio: float
+) -> None:
+    """The same in compact mode: the pass the sidecar runs once the broker is down takes
+    topic-1 first (its deadline breached, the scan while the broker ran said so), and takes it
+    at all with a ratio of 1.0. Old code: Kafka's order only (1.0: topic-1 never cleaned)."""
+    data = make_log_dir(**GENERATED)
+    policy = write_policy(
+        tmp_path / "policy.yaml",
+        mode="compact",
+        compact=ALWAYS,
+        topics=[
+            {"match": "topic-0", "cleanupPolicy": "compact"},
+            {"match": "topic-1", "cleanupPolicy": "compact", "deletionDeadlineMs": 1_000,
+             "minCleanableDirtyRatio": ratio},
+        ],
+    )  # fmt: skip
+    lock = BrokerLock(data).acquire()
+    sc = new_sidecar(policy, [data], MockTime(NOW_MS))
+    try:
+        doc = next_scan(sc)  # the broker runs: the sidecar scans and waits
+        assert doc["cleaner"]["state"] == "waitingForBroker"
+        assert partition_entry(doc, "topic-1-0")["deletion"]["breached"] is True
+    finally:
+        lock.release()
+    with caplog.at_level("INFO", logger="cleaner.engine.cleaner"):
+        next_scan(sc)  # the broker is down: a pass
+        finish_pass(sc)
+    began = [r.getMessage().rsplit(" ", 1)[-1] for r in caplog.records if "Beginning cleaning of log" in r.getMessage()]
+    assert began[:1] == ["topic-1-0"], began
