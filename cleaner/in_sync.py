@@ -103,8 +103,7 @@ def in_sync(cluster: ClusterMetadata, broker_id: int) -> InSync:
         if len(state.isr) < len(state.replicas):
             under_replicated.append(name)
         if topic not in min_isr_of:
-            known = cluster.topic(topic, broker_id).get("min.insync.replicas")
-            min_isr_of[topic] = int(known.value) if known is not None else _DEFAULT_MIN_ISR
+            min_isr_of[topic] = _min_isr(cluster, topic, broker_id)
         min_isr = min_isr_of[topic]
         if len(state.replicas) <= min_isr:
             no_spare += 1
@@ -120,3 +119,13 @@ def in_sync(cluster: ClusterMetadata, broker_id: int) -> InSync:
         metadata_offset=cluster.end_offset,
         metadata_time_ms=cluster.last_record_ms,
     )
+
+
+def _min_isr(cluster: ClusterMetadata, topic: str, broker_id: int) -> int:
+    """The topic's ``min.insync.replicas`` as the metadata holds it, else Kafka's default (a
+    value the broker would refuse is not on disk; one that is not a number counts as unset)."""
+    known = cluster.topic(topic, broker_id).get("min.insync.replicas")
+    try:
+        return int(known.value) if known is not None else _DEFAULT_MIN_ISR
+    except ValueError:
+        return _DEFAULT_MIN_ISR

@@ -432,7 +432,11 @@ class Sidecar:
         (what a Paced rollout waits for: ``cleaner.in_sync``)."""
         if observer.cluster_metadata is None or observer.broker_id is None:
             return None
-        return in_sync(observer.cluster_metadata, observer.broker_id)
+        try:
+            return in_sync(observer.cluster_metadata, observer.broker_id)
+        except Exception as e:  # one section of the report never costs the scan
+            self._loop_error("scan", e)
+            return None
 
     def _deletion_cache(self, policy: Policy) -> DeletionCache:
         """The deletion facts' cache, kept across scans (a new one when the policy resizes it)."""

@@ -125,3 +125,14 @@ def test_the_report_names_a_few_and_counts_all(tmp_path: Path) -> None:
     status = view.as_status()
     assert status["underReplicated"]["count"] == 11
     assert len(status["underReplicated"]["examples"]) == EXAMPLES
+
+
+def test_a_min_isr_that_is_no_number_counts_as_unset(tmp_path: Path) -> None:
+    """What a broker would refuse never gets into the metadata; should it, the view still
+    stands (Kafka's default of 1) rather than the scan failing."""
+    cluster = _cluster(
+        tmp_path,
+        (T0 + 1, [config_record(RESOURCE_TOPIC, "audit", "min.insync.replicas", "two")]),
+        (T0 + 2, [isr_change(0, [1], topic_id=AUDIT)]),
+    )
+    assert in_sync(cluster, 1).at_min_isr == ("audit-0",)
