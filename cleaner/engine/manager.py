@@ -546,18 +546,17 @@ class LogCleanerManager:
         (issue 24, item 3: the compaction-replication race). With the KRaft metadata log on
         these disks: while any replica of the partition is out of the ISR or offline, it would
         never receive a tombstone or marker removed above its log end, so none is removed on
-        any replica (every replica's cleaner reads the same metadata); a partition the metadata
-        does not know holds too. Without a metadata log (a ZooKeeper-mode broker, an offline
-        copy) nothing is known of the other replicas and nothing is held: the deviation the
-        README names. Cleaning runs below the high watermark, which every in-sync replica has
-        reached, so the ISR is the watermark."""
+        any replica (every replica's cleaner reads the same metadata). Cleaning runs below the
+        high watermark, which every in-sync replica has reached, so the ISR is the watermark.
+        Nothing is held where nothing is known of the other replicas: no metadata log on these
+        disks (a ZooKeeper-mode broker, an offline copy), or one that does not know the
+        partition (a live broker creates a partition from its metadata, so only a copy or a
+        foreign metadata log can lack it); docs/replica-divergence.md says so."""
         cluster = self.cluster_metadata
         if cluster is None:
             return None
         replication = cluster.replication(tp.topic, tp.partition)
-        if replication is None:
-            return "the cluster metadata does not know the partition (its replicas' state is unknown)"
-        if not replication.out_of_sync:
+        if replication is None or not replication.out_of_sync:
             return None
         out = replication.out_of_sync[0]
         since = datetime.datetime.fromtimestamp(out.since_ms / 1000, datetime.UTC).isoformat(timespec="seconds")
