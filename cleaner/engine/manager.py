@@ -544,7 +544,7 @@ class LogCleanerManager:
     def removal_hold(self, tp: TopicPartition) -> str | None:
         """Why a clean of ``tp`` must keep every tombstone and transaction marker now, or None
         (issue 24, item 3: the compaction-replication race). With the KRaft metadata log on
-        these disks: while any replica of the partition is out of the ISR or offline, it would
+        these disks: while any other replica of the partition is out of the ISR or offline, it would
         never receive a tombstone or marker removed above its log end, so none is removed on
         any replica (every replica's cleaner reads the same metadata). Cleaning runs below the
         high watermark, which every in-sync replica has reached, so the ISR is the watermark.
@@ -556,11 +556,14 @@ class LogCleanerManager:
         if cluster is None:
             return None
         replication = cluster.replication(tp.topic, tp.partition)
-        if replication is None or not replication.out_of_sync:
+        # This broker's own replica is the one being cleaned (offline, in the start-up gate or a
+        # maintenance window, its metadata shows it fenced): what it removes it cannot miss.
+        others = [o for o in replication.out_of_sync if o.broker != self.broker_id] if replication else []
+        if not others:
             return None
-        out = replication.out_of_sync[0]
+        out = others[0]
         since = datetime.datetime.fromtimestamp(out.since_ms / 1000, datetime.UTC).isoformat(timespec="seconds")
-        more = len(replication.out_of_sync) - 1
+        more = len(others) - 1
         return (
             f"replica {out.broker} is {'offline' if out.offline else 'out of the ISR'} since {since}"
             + (f" (and {more} more)" if more else "")

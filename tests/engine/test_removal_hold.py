@@ -89,6 +89,12 @@ def test_the_manager_holds_removal_while_the_metadata_shows_a_replica_out(tmp_pa
     logs = manager.logs()
     ltc, _, _ = manager.log_to_clean(logs[TP], None, NOW)
     assert ltc.hold_removals == why
+    # This broker itself offline (a clean in the start-up gate, or the CLI on a stopped
+    # broker's disk: its metadata shows it fenced): its own replica is the one being cleaned.
+    own = tmp_path / "d"
+    _log(own / f"{TP.topic}-{TP.partition}")
+    assert _manager(own, (T0 + 1_000, [fence(1), isr_change(0, [2], topic_id=TOPIC_ID)])).removal_hold(TP) is None
+
     # A partition the metadata does not know (an offline copy, a foreign metadata log: a live
     # broker creates its partitions from it): nothing known of other replicas, nothing held.
     assert manager.removal_hold(TopicPartition(TP.topic, 5)) is None
