@@ -9,6 +9,7 @@ import dataclasses
 import json
 import pathlib
 import re
+import shlex
 import subprocess
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -473,6 +474,52 @@ def test_resource_names_do_not_repeat_the_release(helm_template: Render) -> None
                           ("kco", "kco-kafka-cleaner-operator")):
         [deployment] = by_kind(helm_template({}, release=release), "Deployment")
         assert deployment["metadata"]["name"] == name, release
+
+
+def _documented_installs() -> list[tuple[str, str]]:
+    """(document, block) for every shell block of the docs that runs ``helm install``."""
+    out = []
+    for doc in (REPO / "README.md", CHART / "README.md"):
+        fences = re.split(r"^ *```.*$", doc.read_text(), flags=re.M)
+        for block in fences[1::2]:  # between an opening fence and its closing one
+            if "helm install" in block:
+                out.append((doc.relative_to(REPO).as_posix(), block.replace("\\\n", " ")))
+    return out
+
+
+@pytest.mark.parametrize(("doc", "block"), _documented_installs(), ids=lambda v: v if v.endswith(".md") else "")
+def test_the_documented_install_reconciles_what_it_applies_next(doc: str, block: str, helm_template: Render,
+                                                                rbac: SimpleNamespace) -> None:
+    """A reader who copies a documented ``helm install`` and the ``kubectl apply`` after it gets
+    an operator that reconciles that policy (its namespace watched, the Role there) with the image
+    the block built and named (issue 27: the README walkthrough, done again as a new user would)."""
+    lines = [shlex.split(line.split(" #")[0]) for line in block.splitlines() if line.strip()]
+    [install] = [w[w.index("helm"):] for w in lines if "helm" in w and w[w.index("helm") + 1] == "install"]
+    release, chart = install[2], install[3]
+    assert (REPO / chart).resolve() == CHART
+    namespace = install[install.index("--namespace") + 1]
+    sets = [install[i + 1] for i, word in enumerate(install) if word == "--set"]
+    extra = [arg for s in sets for arg in ("--set", s)]
+    objects = helm_template({}, namespace=namespace, release=release, extra_args=extra)
+    config = OperatorConfig.from_env(deployment_env(objects))
+    for words in lines:
+        image = next((w.split("=", 1)[1] for w in words if w.startswith("IMAGE=")), None)
+        if image is not None:  # make image IMAGE=...: the sidecar and the operator run what was built
+            assert config.sidecar_image == image, (doc, config.sidecar_image)
+    applied = [w[w.index("-f") + 1] for w in lines if w[:2] == ["kubectl", "apply"]]
+    assert applied, f"{doc}: a helm install with no policy applied after it"
+    grants = granted(rbac, objects)
+    for path in applied:
+        policy = yaml.safe_load((REPO / path).read_text())
+        where = policy["metadata"]["namespace"]
+        assert not config.namespaces or where in config.namespaces, (
+            f"{doc}: the install watches {list(config.namespaces)}; {path} is in namespace {where!r}")
+        assert (where, "apps", "statefulsets", "patch", "*any*") in grants or (
+            ("cluster", "apps", "statefulsets", "patch", "*any*") in grants), (doc, path)
+    for words in lines:
+        if words[:2] == ["kubectl", "wait"]:
+            assert words[words.index("-n") + 1] in {yaml.safe_load((REPO / p).read_text())["metadata"]["namespace"]
+                                                    for p in applied}
 
 
 def test_the_chart_readme_network_policy_lets_in_what_it_names(helm_template: Render) -> None:
