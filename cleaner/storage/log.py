@@ -586,8 +586,14 @@ class Log:
         return psm
 
     def iter_batches(self, start_offset: int = 0) -> Iterator[Batches]:
-        """Every batch from the one holding ``start_offset`` on, a chunk at a time."""
+        """Every batch from the one holding ``start_offset`` on, a chunk at a time.
+
+        In a live broker's log (read-only here) the active segment may end in the first
+        bytes of a batch being written: a ``write`` crossing a page boundary grows the file
+        a page at a time, and the size looked at can cut the batch. Kafka's readers stop at
+        the log end offset; so does this one, and leave that batch to the next look."""
         first = self.floor_segment(start_offset)
+        active = self.active_segment
         for seg in self._segments:
             if first is not None and seg.base_offset < first.base_offset:
                 continue
@@ -596,7 +602,7 @@ class Log:
                 position = hint if hint is not None else seg.lookup_position(start_offset)
             else:
                 position = 0
-            for chunk in seg.iter_batches(position):
+            for chunk in seg.iter_batches(position, allow_truncated_tail=self.read_only and seg is active):
                 keep = chunk.last_offsets >= start_offset
                 if not keep.all():
                     chunk = chunk.select(keep)
