@@ -6,6 +6,7 @@ import logging
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -77,9 +78,12 @@ def sidecar_command(
     )
     sidecar = Sidecar(options, FixedTime(now_ms) if now_ms is not None else SYSTEM_TIME)
     host, port = sidecar.serve()
-    logging.getLogger("cleaner.sidecar").info("listening on %s:%d", host, port)
+    log = logging.getLogger("cleaner.sidecar")
+    log.info("listening on %s:%d", host, port)
+    received: list[int] = []
 
     def stop(signum: int, frame: object) -> None:
+        received.append(signum)  # logged by the main loop's exit: no logging in a signal handler
         sidecar.stopping.set()
 
     signal.signal(signal.SIGTERM, stop)
@@ -87,5 +91,9 @@ def sidecar_command(
     try:
         sidecar.run()
     finally:
+        # A person on call reading the pod's last lines sees why it went and that it finished.
+        log.info("stopping on %s", signal.Signals(received[0]).name if received else "an error")
+        started = time.monotonic()
         sidecar.stop()
+        log.info("stopped in %.1f s", time.monotonic() - started)
     sys.exit(0)

@@ -74,6 +74,9 @@ def test_sigterm_during_a_clean(tmp_path: Path, make_log_dir, mode: str) -> None
         code, seconds = proc.terminate(timeout_s=10)
         assert code == 0, proc.output()
         assert seconds < 10
+        lines = proc.log_file.read_text().splitlines()
+        assert "stopped in" in lines[-1], lines[-3:]  # the pod's last line says it finished
+        assert any("stopping on SIGTERM" in line for line in lines), lines[-3:]
     assert _done(data, mode) < 8
     assert not [f for f in leftover_files(data) if f.endswith(".cleaned")]
     if mode == "compact":
