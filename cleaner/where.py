@@ -226,6 +226,21 @@ def where(paths: Sequence[Path], policy: Policy, key: bytes, topic: str, now_ms:
     return sightings, notes
 
 
+def summary(sightings: list[Sighting]) -> str:
+    """One line for a person on call: a hot key can have thousands of rows, and what matters
+    first is how many records of it are still on disk and how many of those are waiting on
+    the active segment's roll, which no clean can hurry."""
+    values = sum(1 for s in sightings if s.kind == "value" and not s.latest)
+    tombstones = sum(1 for s in sightings if s.kind == "tombstone" and not s.latest)
+    latest = next((s.kind for s in sightings if s.latest), None)
+    parts = [f"{len(sightings):,} record(s) of the key"]
+    parts.append(f"the latest a {latest}" if latest else "none of them the latest in the log")
+    parts.append(f"{values:,} older value(s), {tombstones:,} older tombstone(s)")
+    by_place = {place: sum(1 for s in sightings if s.place == place) for place in ("active segment", "staged set")}
+    parts += [f"{n:,} in the {place}" for place, n in by_place.items() if n]
+    return "; ".join(parts)
+
+
 def _key_from(key: str | None, key_hex: str | None, key_file: Path | None) -> bytes:
     given = [v for v in (key, key_hex, key_file) if v is not None]
     if len(given) != 1:
@@ -282,6 +297,7 @@ def where_command(data_dir: tuple[Path, ...], topic: str, key: str | None, key_h
         rows = [[f"{s.topic}-{s.partition}", s.file, s.offset, _iso(s.timestamp_ms), s.kind,
                  "yes" if s.latest else "no", s.place, s.gone] for s in sightings]
         print_table(fmt, "where", columns, rows)
+        click.echo(f"where: {summary(sightings)}", err=True)
     if not sightings:
         click.echo(f"where: no record of the key in {topic} on {', '.join(map(str, data_dir))}", err=True)
         sys.exit(EXIT_NOT_FOUND)

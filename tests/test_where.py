@@ -82,3 +82,28 @@ def test_where_names_what_it_needs_and_exits_1_when_nothing_is_found(tmp_path: P
     none = runner.invoke(where_command, [str(logs), "--topic", "topic-0", "--key", "no-such-key",
                                          "--partitions", "2"])
     assert none.exit_code == 1 and "no record of the key" in none.output
+
+
+def test_the_table_is_summed_up_for_a_person_on_call(tmp_path: Path) -> None:
+    """A hot key has thousands of rows (8,571 for one key of the quick start's data): a line on
+    stderr counts them, says what the latest is and how many wait on the active segment, and
+    the counts agree with the rows (stdout stays the table alone)."""
+    logs = tmp_path / "logs"
+    generate(logs, GeneratorConfig(topics=1, partitions=1, records=20_000, keys=50, tombstones=0.1,
+                                   segment_bytes=128 << 10, seed=5))
+    key = sorted(_every_record(max((logs / "topic-0-0").glob("*.log"))))[0]
+    result = CliRunner().invoke(where_command, [str(logs), "--topic", "topic-0", "--key", key.decode(),
+                                                "--partitions", "1", "-o", "tsv"])
+    assert result.exit_code == 0, result.output
+    header, *rows = [line.split("\t") for line in result.stdout.splitlines()]
+    assert header[:8] == ["partition", "file", "offset", "timestamp", "kind", "latest", "where", "gone"]
+    [line] = [line for line in result.stderr.splitlines() if "record(s) of the key" in line]
+    kinds = [(row[4], row[5], row[6]) for row in rows]  # kind, latest, where
+    older_values = sum(1 for kind, latest, _ in kinds if kind == "value" and latest == "no")
+    older_tombstones = sum(1 for kind, latest, _ in kinds if kind == "tombstone" and latest == "no")
+    active = sum(1 for *_, place in kinds if place == "active segment")
+    [latest] = [kind for kind, latest, _ in kinds if latest == "yes"]
+    assert older_values and older_tombstones and active, kinds
+    assert line == (f"where: {len(rows):,} record(s) of the key; the latest a {latest}; "
+                    f"{older_values:,} older value(s), {older_tombstones:,} older tombstone(s); "
+                    f"{active:,} in the active segment")
