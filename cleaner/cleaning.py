@@ -293,7 +293,11 @@ def _look(
                 if replicas and report.compacted
                 else None
             )
-            removal = _deletion(managed, report, deletion, now, throttle) if deletion and report.compacted else None
+            removal = (
+                _deletion(managed, report, deletion, now, throttle, manager.removal_hold(tp))
+                if deletion and report.compacted
+                else None
+            )
         except ThreadShutdownError:
             raise
         except FileChangedError as e:
@@ -367,13 +371,14 @@ def _deletion(
     cache: DeletionCache,
     now: int,
     throttle: Callable[[int], None] | None,
+    removal_hold: str | None,
 ) -> DeletionStatus | None:
     facts = cache.facts(managed, now, throttle)
     if facts is None:
         return None
     segments = managed.log.segments
     active = segments[-1].base_offset if segments else None
-    return deletion_status(facts, report, managed.rule, active, now)
+    return deletion_status(facts, report, managed.rule, active, now, removal_hold=removal_hold)
 
 
 def _log_facts(

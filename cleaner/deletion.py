@@ -72,6 +72,7 @@ HOLD_BACK_CAUSES = (
     "uncleanable",
     "cleaning",
     "cleaner",
+    "replicaOutOfSync",
 )
 
 
@@ -247,9 +248,22 @@ def held_back_by(offset: int, report: PartitionReport, active_base_offset: int |
 
 
 def deletion_status(
-    facts: DeletionFacts, report: PartitionReport, rule: TopicRule, active_base_offset: int | None, now_ms: int
+    facts: DeletionFacts,
+    report: PartitionReport,
+    rule: TopicRule,
+    active_base_offset: int | None,
+    now_ms: int,
+    *,
+    removal_hold: str | None = None,
 ) -> DeletionStatus:
-    """The partition's deletion picture at ``now_ms`` from facts read at or before it."""
+    """The partition's deletion picture at ``now_ms`` from facts read at or before it.
+
+    ``removal_hold`` (``LogCleanerManager.removal_hold``): another replica is out of the ISR
+    or offline, so a clean keeps every tombstone past its horizon (the compaction-replication
+    race, docs/replica-divergence.md). When such a tombstone is what waits longest and lies
+    where a clean may go, that is what holds the deletion back, whatever else would have to
+    happen first (a roll, a dirtier log): ``replicaOutOfSync``. An uncleanable or paused
+    partition is said as such: those need a person first."""
     superseded_age = None if facts.superseded_since_ms is None else max(now_ms - facts.superseded_since_ms, 0)
     tombstone_age = None
     if facts.earliest_horizon_ms is not None and facts.earliest_horizon_ms <= now_ms:
@@ -264,7 +278,12 @@ def deletion_status(
         if age is not None and offset is not None
     ]
     if waiting:
-        cause = held_back_by(max(waiting)[1], report, active_base_offset)
+        oldest, offset = max(waiting)
+        cause = held_back_by(offset, report, active_base_offset)
+        tombstone_waits = tombstone_age is not None and oldest == tombstone_age and offset == facts.horizon_offset
+        covered = offset < report.first_uncleanable_offset  # a clean may cover it, and would keep it
+        if removal_hold is not None and tombstone_waits and covered and cause not in ("uncleanable", "paused"):
+            cause = "replicaOutOfSync"
     return DeletionStatus(
         superseded_age,
         tombstone_age,

@@ -64,7 +64,7 @@ _DELETION: dict[str, Any] = {
         },
         "heldBackBy": {
             "enum": ["activeSegment", "lso", "minCompactionLag", "dirtyRatio", "paused", "uncleanable", "cleaning",
-                     "cleaner", None],
+                     "cleaner", "replicaOutOfSync", None],
             "description": "What keeps the next clean from removing them (docs/runbooks.md, "
             "KafkaCleanerDeletionDeadlineBreached).",
         },

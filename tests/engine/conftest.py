@@ -321,11 +321,14 @@ class LogWriter:
     order, producer sequences counted per producer, and for every ABORT marker the
     ``.txnindex`` entry of the aborted transaction in the segment holding the marker."""
 
-    def __init__(self, directory: str | os.PathLike[str], config: LogConfig | None = None) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], config: LogConfig | None = None, *, append: bool = False
+    ) -> None:
+        """``append``: go on writing a log already there (after a clean), from its log end."""
         self.dir = Path(directory)
         self.config = config or LogConfig()
-        self.log = Log.create(self.dir, self.config)
-        self.next_offset = 0
+        self.log = Log.open(self.dir, self.config) if append else Log.create(self.dir, self.config)
+        self.next_offset = self.log.log_end_offset if append else 0
         self.sequences: dict[int, int] = defaultdict(int)
         self.open_txns: dict[int, int] = {}  # pid -> first offset of its open transaction
         self.last_data: dict[int, tuple[int, int]] = {}  # pid -> (last offset of last data batch, epoch)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from engine_helpers import BASE_TS, DAY, NOW, TP, LogWriter
+from metadata_logs import TOPIC_ID, fence, isr_change, partition_record, register_broker, topic_record, write_metadata
 
 from cleaner import cleaning
 from cleaner.clock import MockTime
@@ -221,3 +222,49 @@ def test_the_status_line_names_the_ages_the_deadline_and_the_cause(tmp_path: Pat
     s = _status(tmp_path, _policy(deletionDeadlineMs=HOUR)).deletion
     assert s is not None
     assert s.describe() == "deletion: superseded records for 2.0h; deadline 1.0h BREACHED; held back by activeSegment"
+
+
+def test_a_replica_out_of_sync_holds_an_expired_tombstone(tmp_path: Path) -> None:
+    """Issue 24, item 3: while another replica is out of the ISR (the metadata log on the disk
+    says so) a clean keeps every tombstone past its horizon, so the deletion it holds back is
+    named ``replicaOutOfSync`` (before: ``cleaner``, which sent a person on call to a cleaner
+    that was working) and clears once the replica is back."""
+
+
+    def log_dir(root: Path, *later: tuple[int, list[bytes]]) -> Path:
+        w = LogWriter(root / TP.dir_name)
+        w.data([b"a", b"b"], [None, b"v"])  # a tombstone for a key with no other record
+        w.roll()
+        w.data([b"b"])
+        w.roll()
+        w.data([b"c"])
+        w.close()
+        _hw(root, w)
+        (root / "meta.properties").write_text("version=1\nnode.id=1\ncluster.id=test\n")
+        t0 = NOW - DAY
+        topic = [topic_record(TP.topic, TOPIC_ID), partition_record(0, [1, 2], [1, 2], 1, TOPIC_ID)]
+        write_metadata(root, [(t0, [register_broker(b, fenced=False) for b in (1, 2)]), (t0, topic), *later])
+        return root
+
+    # With the metadata log on the disk the topic's delete.retention.ms is the cluster's: Kafka's
+    # default of a day, which the policy's hour gives way to (issue 27, item 7).
+    policy = _policy(deleteRetentionMs=HOUR, deletionDeadlineMs=2 * HOUR)
+    out = [(NOW - DAY + 1_000, [fence(2), isr_change(0, [1], topic_id=TOPIC_ID)])]
+    for root, hold in ((log_dir(tmp_path / "out", *out), True), (log_dir(tmp_path / "in-sync"), False)):
+        cleaning.clean([root], policy, MockTime(NOW))  # type: ignore[arg-type]  # stamps NOW + DAY
+        w = LogWriter(root / TP.dir_name, append=True)  # more dirty data: eligible again
+        w.data([b"e"])  # a new key: nothing superseded, the tombstone is what waits
+        w.roll()
+        w.data([b"d"])
+        w.close()
+        _hw(root, w)
+        later = _status(root, policy, NOW + 2 * DAY).deletion
+        assert later is not None and later.oldest_expired_tombstone_age_ms == DAY and later.breached
+        assert later.held_back_by == ("replicaOutOfSync" if hold else "cleaner"), root
+        cleaning.clean([root], policy, MockTime(NOW + 2 * DAY))  # type: ignore[arg-type]
+        after = _status(root, policy, NOW + 2 * DAY).deletion
+        assert after is not None
+        if hold:  # the clean kept it, and says why
+            assert after.oldest_expired_tombstone_age_ms == DAY and after.held_back_by == "replicaOutOfSync"
+        else:
+            assert after.oldest_expired_tombstone_age_ms is None and after.held_back_by is None
