@@ -27,6 +27,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "cleaner.generate:generate_command",
         "Write a realistic Kafka broker log dir into DATA_DIR (empty or absent).",
     ),
+    "refetch": (
+        "cleaner.refetch:refetch_command",
+        "Make a stopped broker fetch a diverged partition again from its leader.",
+    ),
     "run": ("cleaner.commands:run_command", "Run the cleaner threads (with backoff) until SIGTERM/SIGINT."),
     "sidecar": ("cleaner.sidecar.command:sidecar_command", "Run next to a Kafka broker: observe, compact or stage."),
     "spark": ("cleaner.spark.cli:spark_group", "Scale-out on Apache Spark: fleet reports, many partitions, huge ones."),

@@ -22,10 +22,13 @@ or forever (4: read_committed frozen at the open transaction's first offset).
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from broker_workload import CLI
 from kafka_broker import EACH_KAFKA_LINE, RealBroker, create_topic, two_broker_cluster, wait_until
 from replication_race import (
     aborted_transactions,
@@ -64,39 +67,45 @@ def _records_of_key(broker: RealBroker) -> list[str]:
     return [s.kind for s in sightings]
 
 
+def _diverge(one: RealBroker, two: RealBroker) -> None:
+    """Manifestation 1 up to the divergence: broker 2, back in the ISR, holds the value of a key
+    broker 1 deleted and its cleaner removed, tombstone and all."""
+    create_topic(one, TOPIC, {0: [1, 2]}, TOPIC_CONFIGS)
+    wait_until(lambda: one.partition_state(TOPIC) == {"leader": 1, "isr": [1, 2]}, "both replicas in sync")
+
+    # Both replicas hold the key's value.
+    one.produce(TOPIC, [(0, KEY, b"date-of-birth:1990-01-01"), *_filler(50, 0)])
+    wait_until(lambda: _records_of_key(two) == ["value"], "the value on broker 2's disk")
+
+    # Broker 2 is away. The key is deleted; broker 1's cleaner removes the value, then,
+    # past the 1 s delete horizon and with more data to make the log dirty again, the tombstone.
+    two.stop()
+    wait_until(lambda: one.partition_state(TOPIC)["isr"] == [1], "broker 2 out of the ISR")
+    one.produce(TOPIC, [(0, KEY, None), *_filler(1_500, 1)])
+    tag = 2
+
+    def gone_from_the_leader() -> bool:
+        nonlocal tag
+        if _records_of_key(one) == []:
+            return True
+        one.produce(TOPIC, _filler(1_200, tag))  # a rolled, dirty segment for the next clean
+        tag += 1
+        return False
+
+    wait_until(gone_from_the_leader, "broker 1's cleaner to remove the key's value and tombstone")
+
+    # Broker 2 comes back, catches up from its own log end and rejoins the ISR: it still
+    # holds the value, and nothing it fetched tells it the key was deleted.
+    two.start()
+    wait_until(lambda: one.partition_state(TOPIC)["isr"] == [1, 2], "broker 2 back in the ISR")
+    assert _records_of_key(two) == ["value"]
+    assert one.consume(TOPIC, 1)[0].get(KEY, "absent") == "absent"  # the leader serves no record of it
+
+
 def test_deleted_data_reappears_on_a_replica_that_was_away_past_the_delete_horizon(tmp_path: Path, line: str) -> None:
     started = time.monotonic()
     with two_broker_cluster(tmp_path, line, extra=BROKER_SETTINGS, cleaner_enable=True) as (_, one, two):
-        create_topic(one, TOPIC, {0: [1, 2]}, TOPIC_CONFIGS)
-        wait_until(lambda: one.partition_state(TOPIC) == {"leader": 1, "isr": [1, 2]}, "both replicas in sync")
-
-        # Both replicas hold the key's value.
-        one.produce(TOPIC, [(0, KEY, b"date-of-birth:1990-01-01"), *_filler(50, 0)])
-        wait_until(lambda: _records_of_key(two) == ["value"], "the value on broker 2's disk")
-
-        # Broker 2 is away. The key is deleted; broker 1's cleaner removes the value, then,
-        # past the 1 s delete horizon and with more data to make the log dirty again, the tombstone.
-        two.stop()
-        wait_until(lambda: one.partition_state(TOPIC)["isr"] == [1], "broker 2 out of the ISR")
-        one.produce(TOPIC, [(0, KEY, None), *_filler(1_500, 1)])
-        tag = 2
-
-        def gone_from_the_leader() -> bool:
-            nonlocal tag
-            if _records_of_key(one) == []:
-                return True
-            one.produce(TOPIC, _filler(1_200, tag))  # a rolled, dirty segment for the next clean
-            tag += 1
-            return False
-
-        wait_until(gone_from_the_leader, "broker 1's cleaner to remove the key's value and tombstone")
-
-        # Broker 2 comes back, catches up from its own log end and rejoins the ISR: it still
-        # holds the value, and nothing it fetched tells it the key was deleted.
-        two.start()
-        wait_until(lambda: one.partition_state(TOPIC)["isr"] == [1, 2], "broker 2 back in the ISR")
-        assert _records_of_key(two) == ["value"]
-        assert one.consume(TOPIC, 1)[0].get(KEY, "absent") == "absent"  # the leader serves no record of it
+        _diverge(one, two)
 
         # Broker 2 leads: the deleted value is served again.
         one.stop()
@@ -104,6 +113,49 @@ def test_deleted_data_reappears_on_a_replica_that_was_away_past_the_delete_horiz
         served = two.consume(TOPIC, 1)[0]
         assert served.get(KEY) == b"date-of-birth:1990-01-01", "the race did not reproduce"
         print(f"reproduced on Kafka {line} in {time.monotonic() - started:.0f} s")
+
+
+def test_refetch_repairs_the_replica_that_kept_the_deleted_value(tmp_path: Path, line: str) -> None:
+    """Issue 24, item 4: ``kafka-cleaner refetch`` on the diverged broker, stopped, sets its copy
+    aside as Kafka's topic deletion does; at its next start it fetches the leader's log and
+    serves what the leader serves. Refused while no other replica is in sync, and a dry run
+    changes nothing."""
+    started = time.monotonic()
+    with two_broker_cluster(tmp_path, line, extra=BROKER_SETTINGS, cleaner_enable=True) as (_, one, two):
+        _diverge(one, two)
+        leader_view = one.consume(TOPIC, 1)[0]
+        two.stop()
+        wait_until(lambda: one.partition_state(TOPIC)["isr"] == [1], "broker 2 out of the ISR")
+        dirs = [str(two.log_dir), str(two.metadata_dir)]
+        before = sorted(os.listdir(two.log_dir))
+        dry = subprocess.run([str(CLI), "refetch", *dirs, "--topic", TOPIC, "--partition", "0"],
+                             capture_output=True, text=True, check=False)
+        assert dry.returncode == 0 and "would rename it to profiles-0." in dry.stdout, dry.stdout + dry.stderr
+        assert sorted(os.listdir(two.log_dir)) == before
+        done = subprocess.run([str(CLI), "refetch", *dirs, "--topic", TOPIC, "--partition", "0", "--execute"],
+                              capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert not (two.log_dir / f"{TOPIC}-0").exists()
+        two.start()
+        wait_until(lambda: one.partition_state(TOPIC)["isr"] == [1, 2], "broker 2 back in the ISR")
+        assert _records_of_key(two) == [], "broker 2 fetched the deleted key's value again"
+        # The copy set aside waits for Kafka's own delayed deletion (30 s after start at the
+        # earliest); the broker took it for what the name says, with no complaint about the topic.
+        assert [p for p in os.listdir(two.log_dir) if p.startswith(f"{TOPIC}-0.") and p.endswith("-delete")]
+        assert two.problems([TOPIC]) == [], two.problems([TOPIC])
+
+        # Broker 1 stopped: broker 2 is the last in-sync replica, and refuses to set its copy aside.
+        one.stop()
+        wait_until(lambda: two.partition_state(TOPIC)["leader"] == 2, "broker 2 leading")
+        served = two.consume(TOPIC, 1)[0]
+        assert served == leader_view, "broker 2 leading serves other records than broker 1 did"
+        two.stop(kill=True)  # the last broker's clean shutdown waits ~30 s for leadership to move
+        refused = subprocess.run([str(CLI), "refetch", *dirs, "--topic", TOPIC, "--partition", "0", "--execute"],
+                                 capture_output=True, text=True, check=False)
+        assert refused.returncode == 2 and "no other replica of profiles-0 is in sync" in refused.stderr, (
+            refused.stdout + refused.stderr)
+        assert (two.log_dir / f"{TOPIC}-0").is_dir()
+        print(f"repaired on Kafka {line} in {time.monotonic() - started:.0f} s")
 
 
 # -- manifestations 2-4: transaction markers compacted away while a replica is away ---------
