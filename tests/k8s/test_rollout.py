@@ -182,14 +182,20 @@ class Observer:
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
-        self._thread.join()
+        self._thread.join(timeout=60)
+        assert not self._thread.is_alive(), "the observer could not list the pods a last time"
 
     def _run(self) -> None:
+        """Looks until stopped, and once more after: the test stops it as soon as its own look
+        saw the last pod replaced, which may be before this thread's next look (a fresh-clone
+        run saw five of six replacements)."""
         seen: dict[str, tuple[str, str | None]] = {}
-        while not self._stop.is_set():
+        while True:
+            stopping = self._stop.is_set()
             try:
                 pods = _pods(self.cluster)
             except Exception:
+                time.sleep(0.05)
                 continue
             down = sum(1 for i in range(self.replicas) if not (p := pods.get(f"broker-{i}")) or not _ready(p))
             self.worst = max(self.worst, down)
@@ -200,6 +206,8 @@ class Observer:
                     self.replaced.append(name)
                     self.revisions.append(f"{name}: {seen[name][1]} -> {revision}")
                 seen[name] = uid, revision
+            if stopping:
+                return
             time.sleep(0.05)
 
 
@@ -410,6 +418,7 @@ def test_paced_rolls_one_broker_at_a_time_and_waits_for_the_reports(cluster: Api
             wait_for(lambda: _all_ready(cluster, 3, wanted), timeout=3 * TIMEOUT, what="three pods with the sidecar")
             wait_for(lambda: UPDATE_STRATEGY_ANNOTATION not in cluster.sts()["metadata"].get("annotations", {}),
                      timeout=TIMEOUT, what="the StatefulSet's own strategy back")  # fmt: skip
+            wait_for(lambda: len(observer.replaced) >= 3, timeout=TIMEOUT, what="the observer to see three replaced")
             assert observer.replaced == ["broker-2", "broker-1", "broker-0"], observer.revisions
 
             # -- a rolled broker reports fewer partitions than before: the roll waits ---------------
