@@ -153,15 +153,21 @@ def test_a_hanging_transaction_holds_it(tmp_path: Path) -> None:
     assert ended is not None and ended.held_back_by == "cleaner"
 
 
-def test_a_tombstone_past_its_horizon_still_on_disk(tmp_path: Path) -> None:
-    w = LogWriter(tmp_path / TP.dir_name)
-    w.data([b"a", b"b"], [None, b"v"])  # a tombstone for a key with no other record
+def _a_lone_tombstone(root: Path) -> None:
+    """A tombstone for a key with no other record, in a rolled segment of a log with a high
+    watermark at its end."""
+    w = LogWriter(root / TP.dir_name)
+    w.data([b"a", b"b"], [None, b"v"])
     w.roll()
     w.data([b"b"])
     w.roll()
     w.data([b"c"])
     w.close()
-    _hw(tmp_path, w)
+    _hw(root, w)
+
+
+def test_a_tombstone_past_its_horizon_still_on_disk(tmp_path: Path) -> None:
+    _a_lone_tombstone(tmp_path)
     policy = _policy(deleteRetentionMs=HOUR, deletionDeadlineMs=2 * HOUR)
     cleaning.clean([tmp_path], policy, MockTime(NOW))  # type: ignore[arg-type]  # stamps NOW + HOUR
     cache = DeletionCache.for_policy(policy)  # type: ignore[arg-type]
@@ -228,18 +234,10 @@ def test_a_replica_out_of_sync_holds_an_expired_tombstone(tmp_path: Path) -> Non
     """Issue 24, item 3: while another replica is out of the ISR (the metadata log on the disk
     says so) a clean keeps every tombstone past its horizon, so the deletion it holds back is
     named ``replicaOutOfSync`` (before: ``cleaner``, which sent a person on call to a cleaner
-    that was working) and clears once the replica is back."""
-
+    that was working); with every replica in sync the same clean removes it."""
 
     def log_dir(root: Path, *later: tuple[int, list[bytes]]) -> Path:
-        w = LogWriter(root / TP.dir_name)
-        w.data([b"a", b"b"], [None, b"v"])  # a tombstone for a key with no other record
-        w.roll()
-        w.data([b"b"])
-        w.roll()
-        w.data([b"c"])
-        w.close()
-        _hw(root, w)
+        _a_lone_tombstone(root)
         (root / "meta.properties").write_text("version=1\nnode.id=1\ncluster.id=test\n")
         t0 = NOW - DAY
         topic = [topic_record(TP.topic, TOPIC_ID), partition_record(0, [1, 2], [1, 2], 1, TOPIC_ID)]
