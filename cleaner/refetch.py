@@ -77,7 +77,10 @@ def plan(log_dirs: list[Path], tp: TopicPartition, now_ms: int) -> Plan:
             "no __cluster_metadata-0 on these log dirs (give the broker's metadata.log.dir too; a ZooKeeper-mode "
             "broker is not supported): without it nothing says another replica is in sync"
         )
-    broker = read_meta_properties(metadata_dir.parent).node_id
+    try:
+        broker = read_meta_properties(metadata_dir.parent).node_id
+    except OSError as e:
+        raise RefetchRefused(f"{metadata_dir.parent}/meta.properties: {e.strerror}: the broker is unknown") from e
     if broker is None:
         raise RefetchRefused(f"{metadata_dir.parent}/meta.properties names no node.id")
     cluster = read_cluster_metadata(metadata_dir)
@@ -140,4 +143,3 @@ def refetch_command(data_dir: tuple[Path, ...], topic: str, partition: int, exec
             click.echo(f"kafka-cleaner: {p.partition_dir}: {e.strerror}", err=True)
             sys.exit(EXIT_USAGE)
     click.echo(f"  renamed to {p.delete_dir.name}: start the broker; it fetches {tp} from the leader")
-

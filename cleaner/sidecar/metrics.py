@@ -305,7 +305,8 @@ class _LogCollector(Collector):
         breached = GaugeMetricFamily(
             PREFIX + "partition_deletion_deadline_breached",
             "1 when superseded records or expired tombstones are on disk past the deadline, with what holds "
-            "them back (activeSegment, lso, minCompactionLag, dirtyRatio, paused, uncleanable, cleaning, cleaner, replicaOutOfSync)",
+            "them back (activeSegment, lso, minCompactionLag, dirtyRatio, paused, uncleanable, cleaning, cleaner, "
+            "replicaOutOfSync)",
             labels=[*labels, "held_back_by"],
         )
         with_deadline = [s for s in snap.statuses if s.deletion is not None and s.deletion.deadline_ms is not None]
