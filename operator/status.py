@@ -270,13 +270,15 @@ def _insight(report: Mapping[str, Any]) -> dict[str, Any]:
     """What issue 14's insight adds to a broker's entry: the open transactions that pin a last
     stable offset (and since when the oldest is open), the bytes the next cleans would free, and
     the most passes Kafka's cleaner would need over one partition with its dedupe buffer (with
-    the buffer that makes it one). Only stable values: an age would change every round."""
+    the buffer that makes it one); issue 25's partitions past their deletion deadline. Only
+    stable values: an age would change every round."""
     held = [p["lsoHolder"] for p in report["partitions"] if p.get("lsoHolder")]
     starts = [h["startTimestampMs"] for h in held if h.get("startTimestampMs") is not None]
     topics = report["topics"]
     out: dict[str, Any] = {
         "openTransactions": len(held),
         "nextCleanFreedBytes": sum(t.get("nextCleanFreedBytes") or 0 for t in topics),
+        "deletionDeadlineBreaches": sum(t.get("deletionDeadlineBreaches") or 0 for t in topics),
     }
     if starts:
         out["oldestOpenTransactionSince"] = format_time(_from_ms(min(starts)))
@@ -446,6 +448,7 @@ def build_status(*, policy: Policy | None, generation: int, previous: Mapping[st
         "divergingPartitions": diverging_count,
         "openTransactions": sum(e.get("openTransactions", 0) for e in live.values()),
         "nextCleanFreedBytes": sum(e.get("nextCleanFreedBytes", 0) for e in live.values()),
+        "deletionDeadlineBreaches": sum(e.get("deletionDeadlineBreaches", 0) for e in live.values()),
     }
     since = [e["oldestOpenTransactionSince"] for e in live.values() if e.get("oldestOpenTransactionSince")]
     if since:

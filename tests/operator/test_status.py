@@ -110,7 +110,7 @@ def test_all_brokers_reporting_is_ready(validate_status: Validate) -> None:
                       "partitions": 120, "uncleanablePartitions": 1, "maxDirtyRatio": 0.62,
                       "maxCompactionDelaySeconds": 12.5, "cleanableBytes": 420, "stagedBytes": 50,
                       "bytesReclaimedTotal": 1000, "deadThreads": 0, "missedReports": 0,
-                      "openTransactions": 0, "nextCleanFreedBytes": 0,
+                      "openTransactions": 0, "nextCleanFreedBytes": 0, "deletionDeadlineBreaches": 0,
                       "scannedAt": "2026-11-21T10:00:00Z", "policyGeneration": 3, "lastRunAt": None,
                       "message": "orders-3: corrupt batch at offset 17"}
     assert [(p["broker"], p["topic"], p["partition"]) for p in status["topPartitions"][:3]] == [
@@ -526,7 +526,7 @@ def test_who_holds_the_lso_and_what_the_next_clean_meets_reach_the_cr_status(val
                   "passes": 1, "onePassDedupeBufferSize": 300_000_000}
     pinned = {**REPORT["partitions"][0], "lsoHolder": holder, "nextClean": next_clean}
     topics = [{**REPORT["topics"][0], "nextCleanFreedBytes": 5_000, "kafkaPasses": 2,
-               "onePassDedupeBufferSize": 300_000_000},
+               "onePassDedupeBufferSize": 300_000_000, "deletionDeadlineBreaches": 2},
               {**REPORT["topics"][1], "nextCleanFreedBytes": 700, "kafkaPasses": 1,
                "onePassDedupeBufferSize": 1_000_000}]
     def kafka_0(first: dict[str, Any]) -> Scrape:
@@ -551,6 +551,8 @@ def test_who_holds_the_lso_and_what_the_next_clean_meets_reach_the_cr_status(val
     assert summary["openTransactions"] == 1 and summary["oldestOpenTransactionSince"] == "2025-11-21T04:40:00Z"
     assert (summary["maxKafkaPasses"], summary["onePassDedupeBufferSize"]) == (2, 300_000_000)
     assert summary["nextCleanFreedBytes"] == 5_700
+    # Issue 25: the partitions past their deletion deadline, per broker and over the cluster.
+    assert broker["deletionDeadlineBreaches"] == 2 and summary["deletionDeadlineBreaches"] == 2
     # The holder's age moving is no news; another transaction pinning it is.
     older = {**holder, "ageSeconds": 90_030.0}
     later = round_(status, {**scrapes, "kafka-0": kafka_0({**pinned, "lsoHolder": older})}, now=at(30))
