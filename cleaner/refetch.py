@@ -4,7 +4,7 @@ broker fetch the partition again from its leader (issue 24, item 4; docs/replica
 A replica that was away past a tombstone's or marker's delete horizon can hold what the leader
 removed (the compaction-replication race). Kafka has no command to resynchronise it, but it has
 a way: a partition directory named ``<topic>-<p>.<uuid>-delete`` is one a broker deletes at
-start-up (``LogManager.loadLog`` schedules it, ``file.delete.delay.ms`` later), and a partition
+start-up (``LogManager.loadLog`` schedules it; about a minute after the start in the tests), and a partition
 the metadata assigns to the broker and for which it has no log is created empty and fetched
 from the leader, from the leader's log start on (``ReplicaFetcherThread``, truncating to the
 leader's log start on ``OFFSET_OUT_OF_RANGE``). So the repair is Kafka's own topic-deletion
