@@ -1,19 +1,25 @@
 """A real standalone Spark cluster on this machine: one master and two workers, each a JVM
 started from the PySpark wheel's own ``bin/spark-class`` (the same jars ``spark-submit``
-runs), bound to 127.0.0.1 on free ports, with small memory and their work dirs under the
-test's directory. Used by ``test_spark_standalone.py`` to run the jobs as a user does:
-``spark-submit --master spark://...`` of ``cleaner/spark/submit.py``.
+runs), bound to 127.0.0.1 on ports each daemon picks itself (port 0; the master's are read
+back from its log), with small memory and their work dirs under the test's directory. Used
+by ``test_spark_standalone.py`` to run the jobs as a user does: ``spark-submit --master
+spark://...`` of ``cleaner/spark/submit.py``.
 
 Readiness and progress are read from the master's JSON API (``http://127.0.0.1:<ui>/json/``),
 never guessed with a sleep.
+
+No port is chosen here and bound later by a JVM: a port found free and released can be taken
+by anything else on the machine before the daemon binds it (a fresh-clone CI run found a
+Spark web page at the master's UI port, not the master's JSON), so the daemons bind port 0
+and the master says in its log which ports it got.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,10 +41,16 @@ DAEMON_MEMORY = "256m"
 READY_WITHIN_S = 120.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Spark's own line when a service is up: Utils.startServiceOnPort, at INFO.
+STARTED_SERVICE = re.compile(r"Successfully started service '(?P<name>\w+)' on port (?P<port>\d+)")
+DAEMON_LOG4J2 = (
+    LOG4J2_PROPERTIES
+    + """\
+# The test cluster reads the ports its daemons bound from this logger's lines.
+logger.ports.name = org.apache.spark.util.Utils
+logger.ports.level = info
+"""
+)
 
 
 def wait_for(what: str, condition: Callable[[], Any], within_s: float, procs: list[subprocess.Popen]) -> Any:
@@ -61,8 +73,8 @@ class StandaloneCluster:
     """A running master and its workers (``start``), stopped by ``stop``."""
 
     base: Path
-    master_port: int = field(default_factory=free_port)
-    ui_port: int = field(default_factory=free_port)
+    master_port: int = 0
+    ui_port: int = 0
     procs: list[subprocess.Popen] = field(default_factory=list)
 
     @property
@@ -72,7 +84,7 @@ class StandaloneCluster:
     def env(self) -> dict[str, str]:
         conf = self.base / "conf"
         conf.mkdir(parents=True, exist_ok=True)
-        (conf / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
+        (conf / "log4j2.properties").write_text(DAEMON_LOG4J2)
         return {
             **os.environ,
             "SPARK_HOME": str(SPARK_HOME),
@@ -83,6 +95,8 @@ class StandaloneCluster:
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
             "PYTHONSAFEPATH": "1",
+            # The REST submission server listens on a fixed port (6066) nobody here uses.
+            "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
         }
 
     def _daemon(self, name: str, cls: str, *args: str) -> None:
@@ -100,20 +114,35 @@ class StandaloneCluster:
         )
         log.close()
 
+    def _bound_ports(self, name: str) -> dict[str, int]:
+        """The services a daemon has started so far and their ports, from its log."""
+        try:
+            text = (self.base / "logs" / f"{name}.out").read_text(errors="replace")
+        except FileNotFoundError:
+            return {}
+        return {m["name"]: int(m["port"]) for m in STARTED_SERVICE.finditer(text)}
+
     def start(self) -> StandaloneCluster:
         self.base.mkdir(parents=True, exist_ok=True)
         self._daemon(
             "master",
             "org.apache.spark.deploy.master.Master",
-            "--host", "127.0.0.1", "--port", str(self.master_port), "--webui-port", str(self.ui_port),
+            "--host", "127.0.0.1", "--port", "0", "--webui-port", "0",
         )  # fmt: skip
+        ports = wait_for(
+            "the master's RPC and web UI ports",
+            lambda: (p := self._bound_ports("master")).keys() >= {"sparkMaster", "MasterUI"} and p,
+            READY_WITHIN_S,
+            self.procs,
+        )
+        self.master_port, self.ui_port = ports["sparkMaster"], ports["MasterUI"]
         for i in range(WORKERS):
             work = self.base / f"worker-{i}"
             work.mkdir()
             self._daemon(
                 f"worker-{i}",
                 "org.apache.spark.deploy.worker.Worker",
-                "--host", "127.0.0.1", "--port", str(free_port()), "--webui-port", str(free_port()),
+                "--host", "127.0.0.1", "--port", "0", "--webui-port", "0",
                 "--cores", "1", "--memory", WORKER_MEMORY, "--work-dir", str(work), self.url,
             )  # fmt: skip
         wait_for(
@@ -125,12 +154,20 @@ class StandaloneCluster:
         return self
 
     def state(self) -> dict[str, Any]:
-        """The master's JSON API (workers, active and completed applications); {} while it is not up."""
+        """The master's JSON API (workers, active and completed applications); {} while it is not up.
+        Anything but this master's JSON at its UI port is an error that says what answered."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as r:
-                return json.load(r)
+                body = r.read()
         except OSError:
             return {}
+        try:
+            state = json.loads(body)
+        except ValueError:
+            raise RuntimeError(f"not the master's JSON at 127.0.0.1:{self.ui_port}/json/: {body[:200]!r}") from None
+        if state.get("url") != self.url:
+            raise RuntimeError(f"another master at 127.0.0.1:{self.ui_port}: {state.get('url')!r}, not {self.url}")
+        return state
 
     def workers(self) -> list[dict[str, Any]]:
         return self.state().get("workers", [])
