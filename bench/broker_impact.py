@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import random
-import socket
 import struct
 import subprocess
 import sys
@@ -53,6 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the real-broker harness the tests use
 
 from kafka_broker import RealBroker, available, wait_until  # noqa: E402
+from ports import free_port  # noqa: E402
 
 KAFKA_CLEANER = REPO / ".venv" / "bin" / "kafka-cleaner"
 VALUE_BYTES = 1024
@@ -89,12 +89,6 @@ class Latencies:
         figures = [self.percentile(values, q) for q in (0.5, 0.99, 0.999)] + [max(values, default=float("nan"))]
         return [name + (" (during the work)" if during_work else ""), kind, str(len(values)),
                 *(f"{v:.1f}" for v in figures)]  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def drop_page_cache() -> bool:
@@ -255,7 +249,7 @@ def main() -> None:
         dropped = drop_page_cache()
         results["(a) nothing beside"] = run_load(broker.bootstrap, args.rate, args.seconds)
 
-        port = _free_port()
+        port = free_port()
         policy = root / "policy.json"
         sidecar_policy(policy, args.max_io_mb)
         drop_page_cache()

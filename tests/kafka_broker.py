@@ -26,7 +26,6 @@ import hashlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -34,6 +33,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_LINES = ("4.3.1", "3.9.2")
@@ -67,12 +67,6 @@ def class_archive(line: str) -> Path:
     stamp = [str(java), str(java.stat().st_mtime_ns if java.exists() else 0)]
     stamp += sorted(f"{e.name}:{e.stat().st_size}:{e.stat().st_mtime_ns}" for e in os.scandir(libs(line)))
     return libs(line).parent / f"broker-{hashlib.sha256(chr(10).join(stamp).encode()).hexdigest()[:12]}.jsa"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 _LOG4J2 = """status = error
@@ -118,7 +112,7 @@ class RealBroker:
         self.line = line
         self.log_dir = self.root / "kafka-logs"
         self.metadata_dir = self.root / "metadata" if separate_metadata else self.log_dir
-        self.port, self.controller_port = _free_port(), _free_port()
+        self.port, self.controller_port = free_port(), free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.config = self.root / "server.properties"
         self.log_file = self.root / "broker.log"

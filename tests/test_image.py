@@ -30,7 +30,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ import pytest
 from compaction_operator.handlers import policy_file
 from compaction_operator.injection import POLICY_DIR, build_sidecar
 from compaction_operator.status import parse_report
+from ports import free_port
 
 from cleaner.config import parse_policy
 from cleaner.generate import GeneratorConfig, generate
@@ -218,12 +218,6 @@ def check_entry_points(image: Image) -> None:
     assert operator.returncode == 0, operator.stderr
     assert "KAFKA_CLEANER_WATCH_NAMESPACES" in operator.stdout
     assert files_of(image.venv) == before, "the entry points wrote into the image"
-
-
-def free_port() -> int:
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def check_sidecar(image: Image) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 import kubernetes
 import trustme
 import yaml
+from ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = REPO / ".tools" / "k8s" / "current" / "bin"
@@ -53,12 +53,6 @@ def missing_reason() -> str:
     return f"the control plane is not built in {BIN} (make setup runs scripts/get-controlplane.sh)"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class _Process:
     name: str
@@ -77,7 +71,7 @@ class ControlPlane:
         self.root.mkdir(parents=True, exist_ok=True)
         self.processes: list[_Process] = []
         self.ca = trustme.CA(organization_name="kafka-cleaner tests")
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.kubeconfig = self.root / "kubeconfig"
 
@@ -138,7 +132,7 @@ class ControlPlane:
 
     def start(self) -> ControlPlane:
         self._write_files()
-        client, peer = _free_port(), _free_port()
+        client, peer = free_port(), free_port()
         self._spawn(
             "etcd",
             [

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import socket
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -28,13 +27,6 @@ from kubernetes.client.exceptions import ApiException
 G, V, P = "kafkacleaner.io", "v1alpha1", "compactionpolicies"
 NS = "default"
 IMAGE = "registry.example/kafka-cleaner:e2e"
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on (at the time of asking)."""
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 45.0, what: str = "", interval: float = 0.05) -> Any:

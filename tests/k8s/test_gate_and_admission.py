@@ -27,7 +27,8 @@ import pytest
 import yaml
 from compaction_operator.injection import find_sidecar
 from control_plane import ControlPlane, activated_kubeconfig, available, missing_reason
-from operator_helpers import ApiCluster, free_port, policy, running_operator, wait_for
+from operator_helpers import ApiCluster, policy, running_operator, wait_for
+from ports import free_port
 
 pytestmark = [
     pytest.mark.skipif(not available(), reason=missing_reason()),

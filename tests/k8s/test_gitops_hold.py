@@ -35,12 +35,12 @@ from control_plane import ControlPlane, activated_kubeconfig, available, missing
 from operator_helpers import (
     ApiCluster,
     broker_statefulset,
-    free_port,
     policy,
     running_operator,
     sts_target,
     wait_for,
 )
+from ports import free_port
 
 pytestmark = [
     pytest.mark.skipif(not available(), reason=missing_reason()),

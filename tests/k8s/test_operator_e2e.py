@@ -27,12 +27,12 @@ from operator_helpers import (
     V,
     broker_statefulset,
     canonical,
-    free_port,
     policy,
     running_operator,
     sts_target,
     wait_for,
 )
+from ports import free_port
 
 NS = "e2e"
 

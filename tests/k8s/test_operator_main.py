@@ -11,7 +11,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from compaction_operator.kube import Kube
 from compaction_operator.leader import LeaseElector
 from control_plane import CHART_ACCOUNT, CHART_NAMESPACE, ControlPlane, available, missing_reason
 from kubernetes.client import CustomObjectsApi
+from ports import free_port
 
 from cleaner.clock import MockTime
 
@@ -40,12 +40,6 @@ pytestmark = [
     pytest.mark.skipif(not OPERATOR.exists(), reason=f"console script not installed at {OPERATOR}"),
     pytest.mark.xdist_group("control-plane"),
 ]
-
-
-def free_port() -> int:
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 45.0, what: str = "") -> Any:

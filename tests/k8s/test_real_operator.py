@@ -29,13 +29,13 @@ from operator_helpers import (
     IMAGE,
     ApiCluster,
     canonical,
-    free_port,
     policy,
     running_operator,
     scrape_metrics,
     wait_for,
     without_injection,
 )
+from ports import free_port
 
 from cleaner.config import load_policy, parse_policy
 from cleaner.generate import GeneratorConfig, generate

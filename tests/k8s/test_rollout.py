@@ -40,12 +40,12 @@ from operator_helpers import (
     P,
     V,
     broker_statefulset,
-    free_port,
     policy,
     running_operator,
     sts_target,
     wait_for,
 )
+from ports import free_port
 
 from cleaner.clock import MockTime
 from cleaner.generate import GeneratorConfig, generate

@@ -13,6 +13,7 @@ from compaction_operator.handlers import FINALIZER, build_settings
 from compaction_operator.settings import ENV_VARS, OperatorConfig, SettingsError
 from compaction_operator.webhook import ServiceWebhookServer, choose_policy, webhook_server
 from operator_samples import REPO
+from ports import free_port
 
 
 def test_defaults() -> None:
@@ -111,9 +112,7 @@ def test_the_webhook_server_listens_only_once_its_gate_opens() -> None:
 
     from compaction_operator.main import is_ready
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     gate = threading.Event()
     server = webhook_server(OperatorConfig(webhook_enabled=True, webhook_insecure=True, webhook_addr="127.0.0.1",
                                            webhook_port=port), gate=gate)

@@ -13,7 +13,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -302,12 +301,6 @@ class SimBroker:
 
 
 # -- processes, ports, HTTP --------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_get(url: str, timeout: float = 10.0) -> tuple[int, bytes, str]:

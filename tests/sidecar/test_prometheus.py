@@ -16,7 +16,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from sidecar_helpers import free_port, http_get, sidecar_process, write_policy
+from ports import free_port
+from sidecar_helpers import http_get, sidecar_process, write_policy
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 

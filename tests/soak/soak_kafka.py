@@ -62,7 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kafka_broker import RealBroker, _free_port
+from kafka_broker import RealBroker
+from ports import free_port
 
 HERE = Path(__file__).resolve().parent
 AUDITED_SIDECAR = HERE / "audited_sidecar.py"
@@ -326,7 +327,7 @@ class SidecarProcess:
         self.audit_file = root / f"audit-{name}.jsonl"
         self.cwd = root / f"cwd-{name}"
         self.cwd.mkdir(exist_ok=True)
-        self.port = _free_port()
+        self.port = free_port()
         env = {
             **os.environ,
             "SOAK_AUDIT_FILE": str(self.audit_file),
