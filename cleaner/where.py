@@ -29,6 +29,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 import numpy as np
@@ -241,7 +242,22 @@ def summary(sightings: list[Sighting]) -> str:
     return "; ".join(parts)
 
 
-def _key_from(key: str | None, key_hex: str | None, key_file: Path | None) -> bytes:
+def print_sightings(fmt: str, sightings: Sequence[Sighting], brokers: Sequence[str] | None = None) -> None:
+    """The table of ``where`` (``fmt``: table, wide or tsv); ``brokers``: a first column naming
+    the broker of each row (the operator's ``where`` over every replica)."""
+    columns = [Column("partition"), Column("file", drop=2), Column("offset", right=True),
+               Column("timestamp", drop=1), Column("kind"), Column("latest"), Column("where", drop=3),
+               Column("gone")]
+    rows: list[list[Any]] = [[f"{s.topic}-{s.partition}", s.file, s.offset, _iso(s.timestamp_ms), s.kind,
+                              "yes" if s.latest else "no", s.place, s.gone] for s in sightings]
+    if brokers is not None:
+        columns.insert(0, Column("broker"))
+        rows = [[broker, *row] for broker, row in zip(brokers, rows, strict=True)]
+    print_table(fmt, "where", columns, rows)
+
+
+def key_from(key: str | None, key_hex: str | None, key_file: Path | None) -> bytes:
+    """The key of ``--key``, ``--key-hex`` or ``--key-file`` (exactly one of them)."""
     given = [v for v in (key, key_hex, key_file) if v is not None]
     if len(given) != 1:
         raise click.UsageError("give the key once: --key TEXT, --key-hex HEX or --key-file FILE")
@@ -256,17 +272,27 @@ def _key_from(key: str | None, key_hex: str | None, key_file: Path | None) -> by
     return key_file.read_bytes()
 
 
+def question_options(f):  # type: ignore[no-untyped-def]
+    """``--topic``, the key (``--key``, ``--key-hex``, ``--key-file``) and ``--partition`` /
+    ``--partitions``: the question, here and in the operator's ``where``."""
+    for option in reversed([
+        click.option("--topic", required=True, help="The topic's exact name (not a regular expression)."),
+        click.option("--key", default=None, help="The key as UTF-8 text."),
+        click.option("--key-hex", default=None, help="The key as hexadecimal bytes."),
+        click.option("--key-file", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="The key: the file's bytes, all of them."),
+        click.option("--partition", type=click.IntRange(min=0), default=None,
+                     help="Read this partition instead of the one Kafka's default partitioner picks."),
+        click.option("--partitions", type=click.IntRange(min=1), default=None,
+                     help="The topic's partition count, where no __cluster_metadata-0 on the disk knows it."),
+    ]):
+        f = option(f)
+    return f
+
+
 @click.command("where")
 @log_dir_argument
-@click.option("--topic", required=True, help="The topic's exact name (not a regular expression).")
-@click.option("--key", default=None, help="The key as UTF-8 text.")
-@click.option("--key-hex", default=None, help="The key as hexadecimal bytes.")
-@click.option("--key-file", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="The key: the file's bytes, all of them.")
-@click.option("--partition", type=click.IntRange(min=0), default=None,
-              help="Read this partition instead of the one Kafka's default partitioner picks.")
-@click.option("--partitions", type=click.IntRange(min=1), default=None,
-              help="The topic's partition count, where no __cluster_metadata-0 on these dirs knows it.")
+@question_options
 @click.option("--policy", "policy_path", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Policy file for the topic's configs (default: compacted, Kafka's defaults; the cluster's "
               "own topic configs win where the metadata log is on the disk).")
@@ -280,7 +306,7 @@ def where_command(data_dir: tuple[Path, ...], topic: str, key: str | None, key_h
     set, and when it will be gone under the topic's configs. Reads only the partition that can
     hold the key; read-only, safe next to a live broker. Exit 0 when records were found, 1 when
     none is on these dirs (run it on every replica)."""
-    key_bytes = _key_from(key, key_hex, key_file)
+    key_bytes = key_from(key, key_hex, key_file)
     policy = load_policy_or_exit(policy_path) if policy_path else parse_policy_text(DEFAULT_POLICY)
     now = clock_for(now_ms).milliseconds()
     with exit_codes_for_errors():
@@ -291,12 +317,7 @@ def where_command(data_dir: tuple[Path, ...], topic: str, key: str | None, key_h
     if fmt == "json":
         click.echo(json.dumps([asdict(s) for s in sightings], indent=2))
     elif sightings:
-        columns = [Column("partition"), Column("file", drop=2), Column("offset", right=True),
-                   Column("timestamp", drop=1), Column("kind"), Column("latest"), Column("where", drop=3),
-                   Column("gone")]
-        rows = [[f"{s.topic}-{s.partition}", s.file, s.offset, _iso(s.timestamp_ms), s.kind,
-                 "yes" if s.latest else "no", s.place, s.gone] for s in sightings]
-        print_table(fmt, "where", columns, rows)
+        print_sightings(fmt, sightings)
         click.echo(f"where: {summary(sightings)}", err=True)
     if not sightings:
         click.echo(f"where: no record of the key in {topic} on {', '.join(map(str, data_dir))}", err=True)

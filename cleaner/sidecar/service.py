@@ -73,6 +73,7 @@ from .logdirs import duplicate_partitions, expand_log_dirs
 from .metrics import CleanerGauges, SidecarMetrics, failure_kind
 from .policy_watch import PolicyWatcher
 from .report import LogDirInfo, ScanSnapshot, build_status, rfc3339
+from .where_http import WhereEndpoint
 
 log = logging.getLogger("cleaner.sidecar")
 
@@ -175,6 +176,8 @@ class Sidecar:
         )
         self._server: ThreadingHTTPServer | None = None
         self._threads: list[threading.Thread] = []
+        self.where = WhereEndpoint()
+        """``GET /where``: the key's records on this broker's disk (the operator's ``where``)."""
 
     # -- the loop --------------------------------------------------------------------------
     def tick(self) -> None:
@@ -729,6 +732,11 @@ def _handler(sidecar: Sidecar) -> type[BaseHTTPRequestHandler]:
             elif path == "/status":
                 body = json.dumps(sidecar.status_document(), separators=(",", ":")).encode()
                 self._send(HTTPStatus.OK, body, "application/json")
+            elif path == "/where":
+                query = self.path.split("?", 1)[1] if "?" in self.path else ""
+                status, document = sidecar.where.answer(query, list(sidecar.log_dirs), sidecar.policy,
+                                                        sidecar.time.milliseconds())
+                self._send(status, json.dumps(document, separators=(",", ":")).encode(), "application/json")
             else:
                 self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
 
