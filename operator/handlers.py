@@ -178,6 +178,18 @@ def _manifest(body: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}))
 
 
+def broker_pod(pod: Mapping[str, Any]) -> BrokerPod:
+    """A target pod as the operator sees it: its address, whether it carries the sidecar, and
+    the port that sidecar declares (it may be an older sidecar than the policy's)."""
+    meta = pod.get("metadata") or {}
+    found = find_sidecar(pod.get("spec") or {})
+    port = None
+    if found is not None:
+        port = next((p.get("containerPort") for p in found[1].get("ports") or [] if p.get("name") == PORT_NAME), None)
+    return BrokerPod(name=meta["name"], ip=pod_address(pod.get("status") or {}), has_sidecar=found is not None,
+                     sidecar_hash=(meta.get("annotations") or {}).get(SIDECAR_HASH_ANNOTATION), port=port)
+
+
 def _owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body["metadata"]
     return {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"],
@@ -800,14 +812,7 @@ class Operator:
             raw.append(pod)
             if meta.get("deletionTimestamp"):
                 continue
-            found = find_sidecar(pod.get("spec") or {})
-            port = None
-            if found is not None:
-                port = next((p.get("containerPort") for p in found[1].get("ports") or []
-                             if p.get("name") == PORT_NAME), None)
-            pods.append(BrokerPod(name=meta["name"], ip=pod_address(status), has_sidecar=found is not None,
-                                  sidecar_hash=(meta.get("annotations") or {}).get(SIDECAR_HASH_ANNOTATION),
-                                  port=port))
+            pods.append(broker_pod(pod))
         if workload is not None and obj is None:  # pods selected by label: their owner, for its pod count
             read = kube.read_strimzipodset if workload.kind == STRIMZI_PODSET else kube.read_statefulset
             obj = await self.call(read, namespace, workload.name)

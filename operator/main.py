@@ -1,7 +1,8 @@
 """Entry point of ``kafka-cleaner-operator``: settings from the environment, then kopf.
 
 ``kafka-cleaner-operator`` takes no options (``--help`` lists the environment variables, which
-docs/operator.md describes). It serves /metrics, /healthz and /readyz and runs kopf with the
+docs/operator.md describes); ``kafka-cleaner-operator where`` is the one command beside it
+(:mod:`compaction_operator.where`). It serves /metrics, /healthz and /readyz and runs kopf with the
 handlers of :mod:`compaction_operator.handlers`, in standalone mode (no kopf peering: kopf's
 peering pauses every replica of equal priority, so it is no HA mechanism).
 
@@ -46,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kafka-cleaner-operator",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="The kafka-cleaner operator: reconciles CompactionPolicy resources (kopf).",
+        description="The kafka-cleaner operator: reconciles CompactionPolicy resources (kopf).\n\n"
+        "kafka-cleaner-operator where --help: where a key is still on the disks of a policy's brokers.",
         epilog="Settings come from the environment:\n" + describe_env(),
     )
     parser.add_argument("--version", action="version", version=f"kafka-cleaner-operator {__version__}")
@@ -99,6 +101,11 @@ def is_ready(config: OperatorConfig, ready: threading.Event, webhook_ready: thre
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["where"]:
+        from compaction_operator.where import where_command
+
+        where_command.main(args=argv[1:], prog_name="kafka-cleaner-operator where")  # exits
     _parser().parse_args(argv)
     try:
         config = OperatorConfig.from_env(os.environ)

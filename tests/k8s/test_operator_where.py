@@ -1,0 +1,222 @@
+"""``kafka-cleaner-operator where`` on the real control plane: one command asks every broker
+of a policy where a key still is, through each broker's real ``kafka-cleaner sidecar``
+(``GET /where``), and the answer is each broker's own ``kafka-cleaner where``.
+
+Three broker pods of a podSelector policy, on a node of the test's own that no kwok plays:
+the test is their kubelet (a real sidecar process per pod, the pod's status Running with its
+address). Two are replicas of the partition asked about, the third holds no replica of it.
+Reached directly at the pods' addresses (as from the operator's pod, with the chart's
+ServiceAccount: its RBAC suffices) and through the API server's pod proxy (as from a laptop:
+the admin may, the chart's ServiceAccount may not ``get pods/proxy``); the API server refuses
+to proxy to loopback addresses, so that part needs this machine's own non-loopback address.
+A broker that does not answer makes the answer incomplete (exit 3), naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+from compaction_operator.injection import PORT_NAME, SIDECAR_CONTAINER
+from control_plane import ControlPlane, available, missing_reason
+from operator_helpers import policy, wait_for
+from ports import free_port
+
+from cleaner.generate import GeneratorConfig, generate
+
+pytestmark = [
+    pytest.mark.skipif(not available(), reason=missing_reason()),
+    pytest.mark.xdist_group("control-plane"),
+]
+
+NS = "where"
+NODE = "where-node"
+TOPIC = "topic-0"
+OPERATOR_CLI = pathlib.Path(sys.executable).with_name("kafka-cleaner-operator")
+KAFKA_CLEANER = pathlib.Path(sys.executable).with_name("kafka-cleaner")
+SIDECAR_POLICY = "topics:\n  - match: 'topic-.*'\n    cleanupPolicy: compact\n"
+NOW_MS = 1_700_000_000_000
+
+
+def _own_address() -> str | None:
+    """This machine's address on its default route (no packet is sent), if not loopback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 9))
+        except OSError:
+            return None
+        address = s.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+class Broker:
+    """A broker pod's sidecar: ``kafka-cleaner sidecar`` over the broker's log dir."""
+
+    def __init__(self, name: str, log_dir: pathlib.Path, policy_file: pathlib.Path, log: pathlib.Path) -> None:
+        self.name, self.log_dir, self.port = name, log_dir, free_port()
+        self.log = log.open("w")
+        self.process = subprocess.Popen(
+            [str(KAFKA_CLEANER), "sidecar", "--policy", str(policy_file), "--log-dir", str(log_dir),
+             "--listen", f"0.0.0.0:{self.port}", "--broker-name", name, "--now-ms", str(NOW_MS)],
+            stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
+        wait_for(lambda: self._ready(), timeout=60, what=f"{name}'s sidecar /readyz")
+
+    def _ready(self) -> bool:
+        assert self.process.poll() is None, f"{self.name}'s sidecar exited"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=5) as r:
+                return r.status == 200
+        except OSError:  # not listening yet, or not ready (HTTP 503)
+            return False
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+        self.log.close()
+
+
+def _pod(broker: Broker) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": broker.name, "labels": {"app": "where-broker"}},
+            "spec": {"nodeName": NODE, "containers": [
+                {"name": "kafka", "image": "apache/kafka:4.1.0"},
+                {"name": SIDECAR_CONTAINER, "image": "registry.example/kafka-cleaner:e2e",
+                 "ports": [{"name": PORT_NAME, "containerPort": broker.port}]}]}}  # fmt: skip
+
+
+def _run_pods_at(plane: ControlPlane, brokers: list[Broker], address: str) -> None:
+    """What the kubelet would write: the pods Running at ``address``."""
+    for b in brokers:
+        status = {"status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}}
+        plane.kubectl("patch", "pod", b.name, "-n", NS, "--subresource=status", "--type=merge",
+                      "-p", json.dumps(status))
+
+
+def _where(kubeconfig: pathlib.Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+    return subprocess.run([str(OPERATOR_CLI), "where", "-n", NS, "--policy", "orders", "--topic", TOPIC,
+                           "--partition", "1", "--kubeconfig", str(kubeconfig), "-o", "json", *args],
+                          capture_output=True, text=True, timeout=120, env=env, check=False)  # fmt: skip
+
+
+def _local(broker: Broker, key: bytes) -> list[dict[str, Any]]:
+    done = subprocess.run([str(KAFKA_CLEANER), "where", str(broker.log_dir), "--topic", TOPIC, "--key-hex",
+                           key.hex(), "--partition", "1", "--now-ms", str(NOW_MS), "-o", "json"],
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture
+def brokers(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[list[Broker]]:
+    plane = control_plane
+    generate(tmp_path / "replica", GeneratorConfig(topics=1, partitions=2, records=4_000, keys=200,
+                                                   tombstones=0.2, segment_bytes=64 << 10, now_ms=NOW_MS, seed=11))
+    for name in ("broker-0", "broker-1"):
+        shutil.copytree(tmp_path / "replica", tmp_path / name)
+    generate(tmp_path / "broker-2", GeneratorConfig(topics=1, partitions=1, records=500, now_ms=NOW_MS, seed=12))
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(SIDECAR_POLICY)
+    plane.kubectl("create", "namespace", NS, check=False)
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}}}
+    (tmp_path / "node.yaml").write_text(yaml.safe_dump(node))
+    plane.kubectl("apply", "-f", str(tmp_path / "node.yaml"))
+    running: list[Broker] = []
+    try:
+        for name in ("broker-0", "broker-1", "broker-2"):
+            running.append(Broker(name, tmp_path / name, policy_file, tmp_path / f"{name}.log"))
+        for b in running:
+            (tmp_path / f"{b.name}.yaml").write_text(yaml.safe_dump(_pod(b)))
+            plane.kubectl("apply", "-n", NS, "-f", str(tmp_path / f"{b.name}.yaml"))
+        target = {"podSelector": {"matchLabels": {"app": "where-broker"}}, "dataVolume": "data",
+                  "mountPath": "/var/lib/kafka", "logDirs": ["kafka-log*"], "injection": "webhook"}
+        (tmp_path / "policy-cr.yaml").write_text(yaml.safe_dump(policy("orders", target=target)))
+        plane.kubectl("apply", "-n", NS, "-f", str(tmp_path / "policy-cr.yaml"))
+        yield running
+    finally:
+        for b in running:
+            b.stop()
+        # No kubelet confirms these pods' deletion: deleted at once, or their namespace stays.
+        plane.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=0", "--force", check=False)
+        plane.kubectl("delete", "namespace", NS, "--wait=true", "--timeout=60s", check=False)
+        plane.kubectl("delete", "node", NODE, "--ignore-not-found", check=False)
+
+
+def _keys(log_dir: pathlib.Path) -> list[bytes]:
+    from cleaner.records.columns import decode_records
+    from cleaner.storage.segment import iter_file_batches
+
+    keys: set[bytes] = set()
+    for segment in sorted((log_dir / f"{TOPIC}-1").glob("*.log")):
+        for batches in iter_file_batches(segment):
+            data = batches.select(batches.is_v2 & ~batches.is_control)
+            if len(data):
+                cols = decode_records(data)
+                keys |= {k for i in range(len(cols)) if (k := cols.key(i)) is not None}
+    return sorted(keys)
+
+
+def test_one_command_asks_every_broker_of_the_policy(control_plane: ControlPlane, brokers: list[Broker],
+                                                       install_chart: Callable[..., pathlib.Path]) -> None:
+    plane = control_plane
+    chart = install_chart()  # the operator's ServiceAccount: what `kubectl exec` into its pod has
+    _run_pods_at(plane, brokers, "127.0.0.1")
+    key = _keys(brokers[0].log_dir)[3]
+
+    done = _where(chart, "--key-hex", key.hex(), "--via", "direct")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert sorted(answer) == ["broker-0", "broker-1", "broker-2"]
+    for b in brokers[:2]:
+        assert answer[b.name]["sightings"] == _local(b, key) and answer[b.name]["sightings"], b.name
+    assert answer["broker-2"]["sightings"] == [] and "holds no replica" in answer["broker-2"]["notes"][0]
+    assert "asking 3 broker(s) of where/orders (direct)" in done.stderr
+    assert "on 2 of 3 broker(s) that answered" in done.stderr, done.stderr
+
+    missing = _where(chart, "--key", "no-such-key", "--via", "direct")
+    assert missing.returncode == 1 and "no record of the key in topic-0 on the 3 broker(s)" in missing.stderr
+
+    # A broker that does not answer: the answer is incomplete, and says which.
+    brokers[1].stop()
+    incomplete = _where(chart, "--key-hex", key.hex(), "--via", "direct", "-o", "tsv")
+    assert incomplete.returncode == 3, incomplete.stderr
+    assert "broker-1: no answer" in incomplete.stderr
+    assert "incomplete: 1 broker(s) did not answer (broker-1)" in incomplete.stderr
+    rows = [line.split("\t") for line in incomplete.stdout.splitlines()]
+    assert rows[0][:2] == ["broker", "partition"] and {r[0] for r in rows[1:]} == {"broker-0"}
+
+
+def test_through_the_api_servers_pod_proxy(control_plane: ControlPlane, brokers: list[Broker],
+                                           install_chart: Callable[..., pathlib.Path]) -> None:
+    address = _own_address()
+    if address is None:
+        pytest.skip("no non-loopback IPv4 address on this machine: the API server proxies to none other")
+    plane = control_plane
+    chart = install_chart()
+    _run_pods_at(plane, brokers, address)
+    key = _keys(brokers[0].log_dir)[5]
+    done = _where(plane.kubeconfig, "--key-hex", key.hex(), "--via", "proxy")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    for b in brokers[:2]:
+        assert answer[b.name]["sightings"] == _local(b, key) and answer[b.name]["sightings"], b.name
+    assert "holds no replica" in answer["broker-2"]["notes"][0]
+
+    # The sidecar's own refusal comes back through the proxy as the sidecar said it.
+    oversized = _where(plane.kubeconfig, "--key-hex", "00" * 20_000, "--via", "proxy")
+    assert oversized.returncode == 3 and "HTTP 400: the key is 20,000 bytes" in oversized.stderr, oversized.stderr
+
+    # The chart's ServiceAccount may not get pods/proxy: refused by the real authorizer.
+    refused = _where(chart, "--key-hex", key.hex(), "--via", "proxy")
+    assert refused.returncode == 3 and "the API server's proxy: HTTP 403" in refused.stderr, refused.stderr
