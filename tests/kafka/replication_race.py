@@ -128,28 +128,35 @@ def aborted_transactions(log_dir: Path, topic: str, partition: int) -> list[Abor
     return out
 
 
-def lead_transaction_coordinator(broker: RealBroker, node_id: int, replicas: list[int]) -> None:
-    """Move the transaction coordinator (``__transaction_state``'s one partition, created by
-    the first ``init_transactions``) to ``node_id``: the first replica, then a preferred
-    election. A kafka-python producer whose coordinator's broker stops can wait forever in
-    ``commit_transaction``; one that stays up answers NOT_COORDINATOR, which it follows."""
+def lead(broker: RealBroker, topic: str, partitions: list[int], node_id: int, others: list[int]) -> None:
+    """Make ``node_id`` lead the partitions, the other replicas staying followers: it becomes
+    the first replica (a reassignment of the same replicas), then a preferred election. The
+    followers stay up and in the ISR, unlike a leader change by stopping the leader."""
     from kafka import TopicPartition
     from kafka.admin import KafkaAdminClient
 
-    if broker.partition_state("__transaction_state")["leader"] == node_id:
+    if all(broker.partition_state(topic, p)["leader"] == node_id for p in partitions):
         return
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=30_000)
     try:
-        admin.alter_partition_reassignments({TopicPartition("__transaction_state", 0): [node_id, *replicas]})
+        admin.alter_partition_reassignments({TopicPartition(topic, p): [node_id, *others] for p in partitions})
         wait_until(
             lambda: (
-                admin.elect_leaders(0, {"__transaction_state": [0]}, raise_errors=False) is not None
-                and broker.partition_state("__transaction_state")["leader"] == node_id
+                admin.elect_leaders(0, {topic: partitions}, raise_errors=False) is not None
+                and all(broker.partition_state(topic, p)["leader"] == node_id for p in partitions)
             ),
-            f"the transaction coordinator on broker {node_id}",
+            f"broker {node_id} leading {topic} {partitions}",
         )
     finally:
         admin.close()
+
+
+def lead_transaction_coordinator(broker: RealBroker, node_id: int, replicas: list[int]) -> None:
+    """Move the transaction coordinator (``__transaction_state``'s one partition, created by
+    the first ``init_transactions``) to ``node_id``. A kafka-python producer whose coordinator's
+    broker stops can wait forever in ``commit_transaction``; one that stays up answers
+    NOT_COORDINATOR, which it follows."""
+    lead(broker, "__transaction_state", [0], node_id, replicas)
 
 
 def open_transactions(broker: RealBroker, topic: str, partition: int) -> dict[int, int]:

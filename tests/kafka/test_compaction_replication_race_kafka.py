@@ -31,8 +31,10 @@ import pytest
 from broker_workload import CLI
 from kafka_broker import EACH_KAFKA_LINE, RealBroker, create_topic, two_broker_cluster, wait_until
 from replication_race import (
+    Served,
     aborted_transactions,
     coordinator_state,
+    lead,
     lead_transaction_coordinator,
     of_producer,
     open_transactions,
@@ -211,6 +213,11 @@ class _Phases:
         return f"Kafka {self.line}: {parts}; total {time.monotonic() - self.started:.1f} s"
 
 
+def _latest(served: Served) -> dict[bytes, bytes | None]:
+    """Each key's latest value as served."""
+    return {key: value for _, key, value in served.records}
+
+
 def _all_partitions(broker: RealBroker, want: dict) -> bool:
     return all(broker.partition_state(TXN_TOPIC, p) == want for p in (ABORTED_SERVED, COMMITTED_HIDDEN, FROZEN))
 
@@ -219,7 +226,9 @@ def test_transaction_markers_compacted_away_while_a_replica_is_away(tmp_path: Pa
     """Manifestations 2 (aborted data served as committed), 3 (committed data hidden as
     aborted) and 4 (read_committed frozen at a stale last stable offset), one partition each,
     on one cluster: a controller and two brokers, broker 2 away while broker 1 takes the
-    markers and its cleaner removes them, then broker 2 back and leading."""
+    markers and its cleaner removes them, then broker 2 back and leading (a preferred
+    election: broker 1 stays a follower). Then repaired: ``kafka-cleaner refetch`` on broker 2,
+    stopped, and broker 2 leading serves what broker 1 serves."""
     phases = _Phases(line)
     producers = []
     with two_broker_cluster(tmp_path, line, extra=TXN_BROKER_SETTINGS, cleaner_enable=True) as (_, one, two):
@@ -329,8 +338,7 @@ def test_transaction_markers_compacted_away_while_a_replica_is_away(tmp_path: Pa
             assert led_by_one[FROZEN].value_of(b"order-6") == b"state:new"
             phases.done("next transactions on both replicas")
 
-            one.stop()
-            wait_until(lambda: _all_partitions(two, {"leader": 2, "isr": [2]}), "broker 2 leading")
+            lead(one, TXN_TOPIC, list(first), 2, [1])  # broker 1 stays, a follower in the ISR
             led_by_two = {p: serve(two, TXN_TOPIC, p, "read_committed") for p in first}
             uncommitted = serve(two, TXN_TOPIC, FROZEN, "read_uncommitted")
             phases.done("broker 2 leads")
@@ -355,6 +363,32 @@ def test_transaction_markers_compacted_away_while_a_replica_is_away(tmp_path: Pa
             # completed it (the hanging transaction `kafka-transactions.sh find-hanging` looks for).
             assert open_transactions(two, TXN_TOPIC, FROZEN) == {pid[FROZEN]: first[FROZEN]}
             assert coordinator_state(two, "frozen") == "CompleteCommit"
+
+            # Repair (issue 24, item 4): broker 2 stopped, its copies of the three partitions set
+            # aside by `kafka-cleaner refetch` (broker 1 in sync on its metadata); started, it
+            # fetches broker 1's logs and, leading again, serves what broker 1 serves.
+            two.stop()
+            wait_until(lambda: _all_partitions(one, {"leader": 1, "isr": [1]}), "broker 1 leading alone")
+            by_one = {p: serve(one, TXN_TOPIC, p, "read_committed") for p in first}
+            dirs = [str(two.log_dir), str(two.metadata_dir)]
+            for p in first:
+                done = subprocess.run([str(CLI), "refetch", *dirs, "--topic", TXN_TOPIC, "--partition", str(p),
+                                       "--execute"], capture_output=True, text=True, check=False)  # fmt: skip
+                assert done.returncode == 0, done.stdout + done.stderr
+            phases.done("broker 2 stopped, its three copies set aside")
+            two.start()
+            wait_until(lambda: all(sorted(one.partition_state(TXN_TOPIC, p)["isr"]) == [1, 2] for p in first),
+                       "broker 2 back in the ISR")  # fmt: skip
+            lead(one, TXN_TOPIC, list(first), 2, [1])
+            repaired = {p: serve(two, TXN_TOPIC, p, "read_committed") for p in first}
+            for p in first:  # per key (broker 1's cleaner may have run since: offsets of superseded records go)
+                assert repaired[p].end == by_one[p].end, p
+                assert _latest(repaired[p]) == _latest(by_one[p]), p
+            assert repaired[ABORTED_SERVED].value_of(b"payment-7") == "absent"
+            assert repaired[COMMITTED_HIDDEN].value_of(b"account-3") == "absent"
+            assert repaired[FROZEN].value_of(b"order-6") == b"state:new"
+            assert open_transactions(two, TXN_TOPIC, FROZEN) == {}
+            phases.done("repaired: broker 2 leading serves what broker 1 served")
             print(phases.report())
         finally:
             for producer in producers:
