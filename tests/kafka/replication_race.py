@@ -179,6 +179,21 @@ def open_transactions(broker: RealBroker, topic: str, partition: int) -> dict[in
         admin.close()
 
 
+def active_producers(broker: RealBroker, topic: str, partition: int) -> set[int]:
+    """The producer ids the partition's leader (``broker``) holds in its producer state: an
+    idle one leaves it after ``producer.id.expiration.ms``, and only then may a cleaner remove
+    the batch holding its last data, and so its last marker (isBatchLastRecordOfProducer)."""
+    from kafka import TopicPartition
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=30_000)
+    try:
+        tp = TopicPartition(topic, partition)
+        return {p.producer_id for p in admin.describe_producers([tp])[tp].active_producers}
+    finally:
+        admin.close()
+
+
 def coordinator_state(broker: RealBroker, transactional_id: str) -> str:
     """The transaction coordinator's state of a transactional id (DescribeTransactions)."""
     from kafka.admin import KafkaAdminClient
