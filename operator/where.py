@@ -38,7 +38,6 @@ import kubernetes
 from compaction_operator.handlers import broker_pod
 from compaction_operator.injection import label_selector_string
 from compaction_operator.kube import Kube
-from compaction_operator.scrape import MAX_BODY
 from compaction_operator.status import BrokerPod
 from kubernetes.client.exceptions import ApiException
 
@@ -52,6 +51,8 @@ __all__ = ["where_command"]
 EXIT_FOUND, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 CONCURRENCY = 16
 """Brokers asked at once: each reads one partition of its own disk."""
+MAX_ANSWER = 64 << 20
+"""The largest answer read from one broker: about 200,000 records of one key."""
 
 
 @dataclass
@@ -103,13 +104,19 @@ def _message(e: ApiException) -> str:
 
 
 def _answer(broker: str, status: int, body: bytes) -> Answer:
+    """A sidecar's answer (its status and body), or what was wrong with it."""
+    if len(body) > MAX_ANSWER:
+        return Answer(broker, error=f"an answer of more than {MAX_ANSWER >> 20} MiB (a hot key): ask that broker "
+                                    "with kafka-cleaner where")
+    if status == 404:
+        return Answer(broker, error="HTTP 404: its sidecar has no /where (older than this command)")
     try:
         document = json.loads(body)
-    except ValueError:
-        return Answer(broker, error=f"HTTP {status}, not JSON: {body[:200]!r}")
-    if status != 200:
-        return Answer(broker, error=f"HTTP {status}: {document.get('error', document)}")
-    return Answer(broker, [Sighting(**s) for s in document["sightings"]], list(document.get("notes") or []))
+        if status != 200:
+            return Answer(broker, error=f"HTTP {status}: {document['error']}")
+        return Answer(broker, [Sighting(**s) for s in document["sightings"]], [str(n) for n in document["notes"]])
+    except (ValueError, TypeError, KeyError):
+        return Answer(broker, error=f"HTTP {status}, not a where answer: {body[:200]!r}")
 
 
 def ask_direct(pod: BrokerPod, port: int, query: str, timeout: float) -> Answer:
@@ -120,9 +127,9 @@ def ask_direct(pod: BrokerPod, port: int, query: str, timeout: float) -> Answer:
     url = f"http://{host}:{pod.port or port}/where?{query}"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            return _answer(pod.name, response.status, response.read(MAX_BODY))
+            return _answer(pod.name, response.status, response.read(MAX_ANSWER + 1))
     except urllib.error.HTTPError as e:
-        return _answer(pod.name, e.code, e.read(MAX_BODY))
+        return _answer(pod.name, e.code, e.read(MAX_ANSWER + 1))
     except OSError as e:
         return Answer(pod.name, error=f"GET {url}: {e}")
 
@@ -135,7 +142,7 @@ def ask_through_proxy(kube: Kube, namespace: str, pod: BrokerPod, port: int, que
         method, url, headers, _, _ = client.param_serialize("GET", path, query_params=urllib.parse.parse_qsl(query),
                                                              auth_settings=["BearerToken"])
         response = client.call_api(method, url, header_params=headers, _request_timeout=timeout)
-        body = response.read()
+        body = response.response.read(MAX_ANSWER + 1)  # urllib3's, not preloaded: bounded
     except OSError as e:
         return Answer(pod.name, error=f"the API server's proxy: {e}")
     if response.status != 200 and not (body.startswith(b"{") and b'"error"' in body):
