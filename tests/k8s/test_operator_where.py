@@ -9,11 +9,13 @@ Reached directly at the pods' addresses (as from the operator's pod, with the ch
 ServiceAccount: its RBAC suffices) and through the API server's pod proxy (as from a laptop:
 the admin may, the chart's ServiceAccount may not ``get pods/proxy``); the API server refuses
 to proxy to loopback addresses, so that part needs this machine's own non-loopback address.
-A broker that does not answer makes the answer incomplete (exit 3), naming it.
+A broker that does not answer makes the answer incomplete (exit 3), naming it. The last test
+does it over the live log dirs of two real brokers replicating a topic.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -29,6 +31,8 @@ import pytest
 import yaml
 from compaction_operator.injection import PORT_NAME, SIDECAR_CONTAINER
 from control_plane import ControlPlane, available, missing_reason
+from kafka_broker import KAFKA_LINES, create_topic, two_broker_cluster, wait_until
+from kafka_broker import available as kafka_available
 from operator_helpers import policy, wait_for
 from ports import free_port
 
@@ -46,6 +50,7 @@ OPERATOR_CLI = pathlib.Path(sys.executable).with_name("kafka-cleaner-operator")
 KAFKA_CLEANER = pathlib.Path(sys.executable).with_name("kafka-cleaner")
 SIDECAR_POLICY = "topics:\n  - match: 'topic-.*'\n    cleanupPolicy: compact\n"
 NOW_MS = 1_700_000_000_000
+REAL_LINE = KAFKA_LINES[0]
 
 
 def _own_address() -> str | None:
@@ -103,29 +108,25 @@ def _run_pods_at(plane: ControlPlane, brokers: list[Broker], address: str) -> No
                       "-p", json.dumps(status))
 
 
-def _where(kubeconfig: pathlib.Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _where(kubeconfig: pathlib.Path, *args: str, topic: str = TOPIC,
+           partition: int = 1) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
-    return subprocess.run([str(OPERATOR_CLI), "where", "-n", NS, "--policy", "orders", "--topic", TOPIC,
-                           "--partition", "1", "--kubeconfig", str(kubeconfig), "-o", "json", *args],
+    return subprocess.run([str(OPERATOR_CLI), "where", "-n", NS, "--policy", "orders", "--topic", topic,
+                           "--partition", str(partition), "--kubeconfig", str(kubeconfig), "-o", "json", *args],
                           capture_output=True, text=True, timeout=120, env=env, check=False)  # fmt: skip
 
 
-def _local(broker: Broker, key: bytes) -> list[dict[str, Any]]:
-    done = subprocess.run([str(KAFKA_CLEANER), "where", str(broker.log_dir), "--topic", TOPIC, "--key-hex",
-                           key.hex(), "--partition", "1", "--now-ms", str(NOW_MS), "-o", "json"],
+def _local(broker: Broker, key: bytes, topic: str = TOPIC, partition: int = 1) -> list[dict[str, Any]]:
+    done = subprocess.run([str(KAFKA_CLEANER), "where", str(broker.log_dir), "--topic", topic, "--key-hex",
+                           key.hex(), "--partition", str(partition), "--now-ms", str(NOW_MS), "-o", "json"],
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode in (0, 1), done.stderr
     return json.loads(done.stdout)
 
 
-@pytest.fixture
-def brokers(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[list[Broker]]:
-    plane = control_plane
-    generate(tmp_path / "replica", GeneratorConfig(topics=1, partitions=2, records=4_000, keys=200,
-                                                   tombstones=0.2, segment_bytes=64 << 10, now_ms=NOW_MS, seed=11))
-    for name in ("broker-0", "broker-1"):
-        shutil.copytree(tmp_path / "replica", tmp_path / name)
-    generate(tmp_path / "broker-2", GeneratorConfig(topics=1, partitions=1, records=500, now_ms=NOW_MS, seed=12))
+@contextlib.contextmanager
+def _brokers(plane: ControlPlane, tmp_path: pathlib.Path, dirs: dict[str, pathlib.Path]) -> Iterator[list[Broker]]:
+    """A sidecar and a pod per broker (name -> its log dir), and the policy selecting them."""
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(SIDECAR_POLICY)
     plane.kubectl("create", "namespace", NS, check=False)
@@ -134,8 +135,8 @@ def brokers(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[lis
     plane.kubectl("apply", "-f", str(tmp_path / "node.yaml"))
     running: list[Broker] = []
     try:
-        for name in ("broker-0", "broker-1", "broker-2"):
-            running.append(Broker(name, tmp_path / name, policy_file, tmp_path / f"{name}.log"))
+        for name, log_dir in dirs.items():
+            running.append(Broker(name, log_dir, policy_file, tmp_path / f"{name}.log"))
         for b in running:
             (tmp_path / f"{b.name}.yaml").write_text(yaml.safe_dump(_pod(b)))
             plane.kubectl("apply", "-n", NS, "-f", str(tmp_path / f"{b.name}.yaml"))
@@ -151,6 +152,19 @@ def brokers(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[lis
         plane.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=0", "--force", check=False)
         plane.kubectl("delete", "namespace", NS, "--wait=true", "--timeout=60s", check=False)
         plane.kubectl("delete", "node", NODE, "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def brokers(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[list[Broker]]:
+    """Generated log dirs: broker-0 and broker-1 replicas of topic-0's partitions, broker-2 with
+    no replica of topic-0-1."""
+    generate(tmp_path / "replica", GeneratorConfig(topics=1, partitions=2, records=4_000, keys=200,
+                                                   tombstones=0.2, segment_bytes=64 << 10, now_ms=NOW_MS, seed=11))
+    for name in ("broker-0", "broker-1"):
+        shutil.copytree(tmp_path / "replica", tmp_path / name)
+    generate(tmp_path / "broker-2", GeneratorConfig(topics=1, partitions=1, records=500, now_ms=NOW_MS, seed=12))
+    with _brokers(control_plane, tmp_path, {n: tmp_path / n for n in ("broker-0", "broker-1", "broker-2")}) as running:
+        yield running
 
 
 def _keys(log_dir: pathlib.Path) -> list[bytes]:
@@ -220,3 +234,46 @@ def test_through_the_api_servers_pod_proxy(control_plane: ControlPlane, brokers:
     # The chart's ServiceAccount may not get pods/proxy: refused by the real authorizer.
     refused = _where(chart, "--key-hex", key.hex(), "--via", "proxy")
     assert refused.returncode == 3 and "the API server's proxy: HTTP 403" in refused.stderr, refused.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not kafka_available(REAL_LINE), reason=f"run make setup (Kafka {REAL_LINE})")
+def test_every_replica_of_a_real_cluster(control_plane: ControlPlane, tmp_path: pathlib.Path,
+                                         install_chart: Callable[..., pathlib.Path]) -> None:
+    """Two real brokers, a topic of replication factor 2: a key written, overwritten and
+    deleted through the leader, among keys that roll segments. The sidecars read each live
+    broker's log dir (observe mode, lock-free); one command finds the key's three records on
+    both replicas, each answer the broker's own ``kafka-cleaner where``, and a third broker
+    (generated, without the topic) holds no replica of it."""
+    chart = install_chart()
+    with two_broker_cluster(tmp_path / "kafka", REAL_LINE) as (_, one, two):
+        create_topic(one, "users", {0: [1, 2]}, {"cleanup.policy": "compact", "segment.bytes": str(1 << 20)})
+        filler = [(0, b"other-%04d" % i, b"x" * 900) for i in range(1_200)]
+        one.produce("users", [(0, KEY, b"email:a@example.com"), *filler])
+        one.produce("users", [(0, KEY, b"email:b@example.com"), *filler])
+        one.produce("users", [(0, KEY, None), *filler[:100]])
+        wait_until(lambda: all(len(_on_disk(b.log_dir)) == 3 for b in (one, two)), "the key's three records on both")
+        generate(tmp_path / "broker-3", GeneratorConfig(topics=1, partitions=1, records=100, now_ms=NOW_MS, seed=3))
+        dirs = {"broker-1": one.log_dir, "broker-2": two.log_dir, "broker-3": tmp_path / "broker-3"}
+        with _brokers(control_plane, tmp_path, dirs) as running:
+            _run_pods_at(control_plane, running, "127.0.0.1")
+            done = _where(chart, "--key-hex", KEY.hex(), "--via", "direct", topic="users", partition=0)
+            assert done.returncode == 0, done.stderr
+            answer = json.loads(done.stdout)
+            for b in running[:2]:
+                kinds = [s["kind"] for s in answer[b.name]["sightings"]]
+                assert kinds == ["value", "value", "tombstone"], (b.name, kinds)
+                assert answer[b.name]["sightings"] == _local(b, KEY, "users", 0), b.name
+            assert "holds no replica" in answer["broker-3"]["notes"][0]
+            assert "6 record(s) of the key; the latest a tombstone" in done.stderr, done.stderr
+
+
+KEY = b"user-42@example.com"
+
+
+def _on_disk(log_dir: pathlib.Path) -> list[str]:
+    from cleaner.config import parse_policy_text
+    from cleaner.where import DEFAULT_POLICY, where
+
+    sightings, _ = where([log_dir], parse_policy_text(DEFAULT_POLICY), KEY, "users", NOW_MS, partition=0)
+    return [s.kind for s in sightings]
