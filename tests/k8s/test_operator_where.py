@@ -15,7 +15,6 @@ does it over the live log dirs of two real brokers replicating a topic.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pathlib
@@ -23,18 +22,14 @@ import shutil
 import socket
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import yaml
-from compaction_operator.injection import PORT_NAME, SIDECAR_CONTAINER
+from broker_pods import BrokerSidecar, broker_pods, run_pods_at
 from control_plane import ControlPlane, available, missing_reason
 from kafka_broker import KAFKA_LINES, create_topic, two_broker_cluster, wait_until
 from kafka_broker import available as kafka_available
-from operator_helpers import policy, wait_for
-from ports import free_port
 
 from cleaner.generate import GeneratorConfig, generate
 
@@ -44,7 +39,6 @@ pytestmark = [
 ]
 
 NS = "where"
-NODE = "where-node"
 TOPIC = "topic-0"
 OPERATOR_CLI = pathlib.Path(sys.executable).with_name("kafka-cleaner-operator")
 KAFKA_CLEANER = pathlib.Path(sys.executable).with_name("kafka-cleaner")
@@ -64,50 +58,6 @@ def _own_address() -> str | None:
     return None if address.startswith("127.") else address
 
 
-class Broker:
-    """A broker pod's sidecar: ``kafka-cleaner sidecar`` over the broker's log dir."""
-
-    def __init__(self, name: str, log_dir: pathlib.Path, policy_file: pathlib.Path, log: pathlib.Path) -> None:
-        self.name, self.log_dir, self.port = name, log_dir, free_port()
-        self.log = log.open("w")
-        self.process = subprocess.Popen(
-            [str(KAFKA_CLEANER), "sidecar", "--policy", str(policy_file), "--log-dir", str(log_dir),
-             "--listen", f"0.0.0.0:{self.port}", "--broker-name", name, "--now-ms", str(NOW_MS)],
-            stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
-        wait_for(lambda: self._ready(), timeout=60, what=f"{name}'s sidecar /readyz")
-
-    def _ready(self) -> bool:
-        assert self.process.poll() is None, f"{self.name}'s sidecar exited"
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=5) as r:
-                return r.status == 200
-        except OSError:  # not listening yet, or not ready (HTTP 503)
-            return False
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=30)
-        self.log.close()
-
-
-def _pod(broker: Broker) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": broker.name, "labels": {"app": "where-broker"}},
-            "spec": {"nodeName": NODE, "containers": [
-                {"name": "kafka", "image": "apache/kafka:4.1.0"},
-                {"name": SIDECAR_CONTAINER, "image": "registry.example/kafka-cleaner:e2e",
-                 "ports": [{"name": PORT_NAME, "containerPort": broker.port}]}]}}  # fmt: skip
-
-
-def _run_pods_at(plane: ControlPlane, brokers: list[Broker], address: str) -> None:
-    """What the kubelet would write: the pods Running at ``address``."""
-    for b in brokers:
-        status = {"status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}}
-        plane.kubectl("patch", "pod", b.name, "-n", NS, "--subresource=status", "--type=merge",
-                      "-p", json.dumps(status))
-
-
 def _where(kubeconfig: pathlib.Path, *args: str, topic: str = TOPIC,
            partition: int = 1) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
@@ -116,7 +66,7 @@ def _where(kubeconfig: pathlib.Path, *args: str, topic: str = TOPIC,
                           capture_output=True, text=True, timeout=120, env=env, check=False)  # fmt: skip
 
 
-def _local(broker: Broker, key: bytes, topic: str = TOPIC, partition: int = 1) -> list[dict[str, Any]]:
+def _local(broker: BrokerSidecar, key: bytes, topic: str = TOPIC, partition: int = 1) -> list[dict[str, Any]]:
     done = subprocess.run([str(KAFKA_CLEANER), "where", str(broker.log_dir), "--topic", topic, "--key-hex",
                            key.hex(), "--partition", str(partition), "--now-ms", str(NOW_MS), "-o", "json"],
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
@@ -124,38 +74,8 @@ def _local(broker: Broker, key: bytes, topic: str = TOPIC, partition: int = 1) -
     return json.loads(done.stdout)
 
 
-@contextlib.contextmanager
-def _brokers(plane: ControlPlane, tmp_path: pathlib.Path, dirs: dict[str, pathlib.Path]) -> Iterator[list[Broker]]:
-    """A sidecar and a pod per broker (name -> its log dir), and the policy selecting them."""
-    policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text(SIDECAR_POLICY)
-    plane.kubectl("create", "namespace", NS, check=False)
-    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}}}
-    (tmp_path / "node.yaml").write_text(yaml.safe_dump(node))
-    plane.kubectl("apply", "-f", str(tmp_path / "node.yaml"))
-    running: list[Broker] = []
-    try:
-        for name, log_dir in dirs.items():
-            running.append(Broker(name, log_dir, policy_file, tmp_path / f"{name}.log"))
-        for b in running:
-            (tmp_path / f"{b.name}.yaml").write_text(yaml.safe_dump(_pod(b)))
-            plane.kubectl("apply", "-n", NS, "-f", str(tmp_path / f"{b.name}.yaml"))
-        target = {"podSelector": {"matchLabels": {"app": "where-broker"}}, "dataVolume": "data",
-                  "mountPath": "/var/lib/kafka", "logDirs": ["kafka-log*"], "injection": "webhook"}
-        (tmp_path / "policy-cr.yaml").write_text(yaml.safe_dump(policy("orders", target=target)))
-        plane.kubectl("apply", "-n", NS, "-f", str(tmp_path / "policy-cr.yaml"))
-        yield running
-    finally:
-        for b in running:
-            b.stop()
-        # No kubelet confirms these pods' deletion: deleted at once, or their namespace stays.
-        plane.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=0", "--force", check=False)
-        plane.kubectl("delete", "namespace", NS, "--wait=true", "--timeout=60s", check=False)
-        plane.kubectl("delete", "node", NODE, "--ignore-not-found", check=False)
-
-
 @pytest.fixture
-def brokers(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[list[Broker]]:
+def brokers(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[list[BrokerSidecar]]:
     """Generated log dirs: broker-0 and broker-1 replicas of topic-0's partitions, broker-2 with
     no replica of topic-0-1."""
     generate(tmp_path / "replica", GeneratorConfig(topics=1, partitions=2, records=4_000, keys=200,
@@ -163,7 +83,8 @@ def brokers(control_plane: ControlPlane, tmp_path: pathlib.Path) -> Iterator[lis
     for name in ("broker-0", "broker-1"):
         shutil.copytree(tmp_path / "replica", tmp_path / name)
     generate(tmp_path / "broker-2", GeneratorConfig(topics=1, partitions=1, records=500, now_ms=NOW_MS, seed=12))
-    with _brokers(control_plane, tmp_path, {n: tmp_path / n for n in ("broker-0", "broker-1", "broker-2")}) as running:
+    with broker_pods(control_plane, tmp_path, NS, {n: [tmp_path / n] for n in ("broker-0", "broker-1", "broker-2")},
+                     sidecar_policy=SIDECAR_POLICY, now_ms=NOW_MS) as running:
         yield running
 
 
@@ -181,11 +102,11 @@ def _keys(log_dir: pathlib.Path) -> list[bytes]:
     return sorted(keys)
 
 
-def test_one_command_asks_every_broker_of_the_policy(control_plane: ControlPlane, brokers: list[Broker],
+def test_one_command_asks_every_broker_of_the_policy(control_plane: ControlPlane, brokers: list[BrokerSidecar],
                                                        install_chart: Callable[..., pathlib.Path]) -> None:
     plane = control_plane
     chart = install_chart()  # the operator's ServiceAccount: what `kubectl exec` into its pod has
-    _run_pods_at(plane, brokers, "127.0.0.1")
+    run_pods_at(plane, NS, brokers, "127.0.0.1")
     key = _keys(brokers[0].log_dir)[3]
 
     done = _where(chart, "--key-hex", key.hex(), "--via", "direct")
@@ -211,14 +132,14 @@ def test_one_command_asks_every_broker_of_the_policy(control_plane: ControlPlane
     assert rows[0][:2] == ["broker", "partition"] and {r[0] for r in rows[1:]} == {"broker-0"}
 
 
-def test_through_the_api_servers_pod_proxy(control_plane: ControlPlane, brokers: list[Broker],
+def test_through_the_api_servers_pod_proxy(control_plane: ControlPlane, brokers: list[BrokerSidecar],
                                            install_chart: Callable[..., pathlib.Path]) -> None:
     address = _own_address()
     if address is None:
         pytest.skip("no non-loopback IPv4 address on this machine: the API server proxies to none other")
     plane = control_plane
     chart = install_chart()
-    _run_pods_at(plane, brokers, address)
+    run_pods_at(plane, NS, brokers, address)
     key = _keys(brokers[0].log_dir)[5]
     done = _where(plane.kubeconfig, "--key-hex", key.hex(), "--via", "proxy")
     assert done.returncode == 0, done.stderr
@@ -254,9 +175,9 @@ def test_every_replica_of_a_real_cluster(control_plane: ControlPlane, tmp_path: 
         one.produce("users", [(0, KEY, None), *filler[:100]])
         wait_until(lambda: all(len(_on_disk(b.log_dir)) == 3 for b in (one, two)), "the key's three records on both")
         generate(tmp_path / "broker-3", GeneratorConfig(topics=1, partitions=1, records=100, now_ms=NOW_MS, seed=3))
-        dirs = {"broker-1": one.log_dir, "broker-2": two.log_dir, "broker-3": tmp_path / "broker-3"}
-        with _brokers(control_plane, tmp_path, dirs) as running:
-            _run_pods_at(control_plane, running, "127.0.0.1")
+        dirs = {"broker-1": [one.log_dir], "broker-2": [two.log_dir], "broker-3": [tmp_path / "broker-3"]}
+        with broker_pods(control_plane, tmp_path, NS, dirs, sidecar_policy=SIDECAR_POLICY, now_ms=NOW_MS) as running:
+            run_pods_at(control_plane, NS, running, "127.0.0.1")
             done = _where(chart, "--key-hex", KEY.hex(), "--via", "direct", topic="users", partition=0)
             assert done.returncode == 0, done.stderr
             answer = json.loads(done.stdout)
