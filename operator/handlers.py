@@ -59,6 +59,7 @@ from compaction_operator.injection import (
     template_policy,
 )
 from compaction_operator.kube import GROUP, PLURAL, VERSION, ApiException, Kube, load_config
+from compaction_operator.race_guard import HOLD, AdminTopicConfigs, Held, release_plan, topics_out_of_sync
 from compaction_operator.rollout import (
     STRIMZI_MANUAL_ROLLING_UPDATE,
     STRIMZI_PODSET,
@@ -408,6 +409,8 @@ class Operator:
                            sidecar_failing=[(v.name, v.sidecar_waiting) for v in broken])
         if rollout:
             new["rollout"] = rollout
+        if previous.get("raceGuard"):
+            new["raceGuard"] = previous["raceGuard"]
         await self._write_status(state, namespace, name, previous, new)
         self._announce(body, previous, new, logger)
         if scrapes is not None:  # the replication race (issue 24): gauge and Events from this round's reports
@@ -418,6 +421,8 @@ class Operator:
                                                      for r in risks})
             for type_, reason, message in race_risk_events(previous, new, risks, now):
                 kopf.event(body, type=type_, reason=reason, message=message)
+            if self.config.race_guard_bootstrap and policy is not None:
+                await self._race_guard(body, state, policy, pods or [], scrapes)
         summary = new["summary"]
         metrics.BROKERS_EXPECTED.labels(namespace, name).set(summary["brokersExpected"])
         metrics.BROKERS_REPORTING.labels(namespace, name).set(summary["brokersReporting"])
@@ -429,6 +434,76 @@ class Operator:
             1 if stalled.get("status") == "True" and stalled.get("reason") in ROLLOUT_STALL_REASONS else 0)
         metrics.ROLLOUT_PENDING_PODS.labels(namespace, name).set(rollout.get("pending", 0))
         metrics.SIDECAR_FAILING_PODS.labels(namespace, name).set(len(broken))
+
+    async def _race_guard(self, body: Mapping[str, Any], state: PolicyState, policy: Policy,
+                          pods: Sequence[BrokerPod], scrapes: Mapping[str, Scrape]) -> None:
+        """The race guard's step (``race_guard.py``): hold Kafka's cleaner off the policy's
+        compacted topics with a replica out of sync in this round's reports, and set back the
+        topics held before once every replica is in sync. A release needs every broker's report
+        (a replica whose state is unknown keeps its topics held). What a hold replaced is in
+        ``status.raceGuard`` before the topic's configs change."""
+        reports = {pod: s.report for pod, s in scrapes.items() if s.report is not None}
+        complete = bool(reports) and all(p.name in reports for p in pods if p.has_sidecar)
+        wanted = {topic: why for topic, why in topics_out_of_sync(reports).items()
+                  if (rule := policy.rule_for(topic)) is not None and rule.compact}
+        held = self._held(state, body)
+        to_hold = sorted(set(wanted) - set(held))
+        to_release = sorted(set(held) - set(wanted)) if complete else []
+        if to_hold or to_release:
+            await self._guard(body, state, held, {t: wanted[t] for t in to_hold}, to_release)
+
+    def _held(self, state: PolicyState, body: Mapping[str, Any]) -> dict[str, Held]:
+        status = state.status if state.status is not None else dict(body.get("status") or {})
+        entries = (status.get("raceGuard") or {}).get("held") or {}
+        return {topic: Held.from_status(topic, entry) for topic, entry in entries.items()}
+
+    async def _guard(self, body: Mapping[str, Any], state: PolicyState, held: dict[str, Held],
+                     hold: Mapping[str, str], release: Sequence[str]) -> None:
+        meta = body["metadata"]
+        admin: AdminTopicConfigs | None = None
+        topic = ""
+        try:
+            admin = await self.call(AdminTopicConfigs, self.config.race_guard_bootstrap,
+                                    self.config.race_guard_options)
+            for topic, why in hold.items():
+                restore = await self.call(admin.overrides, topic, list(HOLD))
+                held[topic] = Held(topic, self.now().isoformat(timespec="seconds").replace("+00:00", "Z"), why,
+                                   restore)
+                await self._write_held(state, meta["namespace"], meta["name"], held)  # before the change
+                try:
+                    await self.call(admin.set, topic, HOLD)
+                except Exception:
+                    del held[topic]
+                    await self._write_held(state, meta["namespace"], meta["name"], held, gone=topic)
+                    raise
+                kopf.event(body, type="Warning", reason="RaceGuardHolding",
+                           message=f"topic {topic}: Kafka's cleaner held off ({why}): min.cleanable.dirty.ratio "
+                           "1.0 and max.compaction.lag.ms at its maximum until every replica is in sync")
+            for topic in release:
+                back, changed = release_plan(held[topic], await self.call(admin.overrides, topic, list(HOLD)))
+                if back:
+                    await self.call(admin.set, topic, back)
+                del held[topic]
+                await self._write_held(state, meta["namespace"], meta["name"], held, gone=topic)
+                left = f"; {', '.join(changed)} changed by someone else while held, left as it is" if changed else ""
+                kopf.event(body, type="Normal", reason="RaceGuardReleased",
+                           message=f"topic {topic}: every replica in sync, its own configs set back ({back}){left}")
+        except Exception as exc:  # Kafka unreachable, refused, a bad option: said, tried again next round
+            kopf.event(body, type="Warning", reason="RaceGuardFailed",
+                       message=f"topic {topic}: the Admin API at {self.config.race_guard_bootstrap}: {exc}"[:1000])
+        finally:
+            if admin is not None:
+                await self.call(admin.close)
+
+    async def _write_held(self, state: PolicyState, namespace: str, name: str, held: Mapping[str, Held],
+                          gone: str | None = None) -> None:
+        """``status.raceGuard`` now, in one merge patch of its own (not waiting for the round's):
+        the held topics, and ``gone`` removed."""
+        value = {"held": {topic: h.to_status() for topic, h in held.items()}}
+        patch = {"status": {"raceGuard": {"held": {**value["held"], **({gone: None} if gone else {})}}}}
+        await self.call(self._kube().patch_policy_status, namespace, name, patch)
+        if state.status is not None:
+            state.status = {**state.status, "raceGuard": value}
 
     async def _write_status(self, state: PolicyState, namespace: str, name: str, previous: Mapping[str, Any],
                             new: dict[str, Any]) -> None:
@@ -1063,6 +1138,9 @@ class Operator:
             # First of all the sidecars stop: they stay in the pods until these are recreated
             # (a Manual policy: until a person rolls them), and a deleted policy must not clean.
             await self._pause_configmap(body, logger)
+            held = self._held(state, body)
+            if held and self.config.race_guard_bootstrap:  # what the guard holds goes back as it was
+                await self._guard(body, state, held, {}, sorted(held))
             await self._remove_stale_injections(body, None, keep=None, logger=logger)
             await self._await_removal(body, logger)
             cm_name = configmap_name(name)

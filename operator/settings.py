@@ -7,6 +7,7 @@ environment is passed in, so tests build configurations without touching ``os.en
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import socket
 from collections.abc import Mapping
@@ -58,6 +59,13 @@ ENV_VARS: tuple[tuple[str, str, str], ...] = (
     ("KAFKA_CLEANER_ALLOWED_SIDECAR_IMAGES", "", "comma-separated image repositories (no tag) a policy's "
      "spec.sidecar.image may name, any tag or digest of them; empty: the repository of "
      "KAFKA_CLEANER_SIDECAR_IMAGE (none without it)"),
+    # -- the replication race (issue 24, item 3) --
+    ("KAFKA_CLEANER_RACE_GUARD_BOOTSTRAP_SERVERS", "", "Kafka bootstrap servers (host:port, comma-separated) "
+     "of the brokers the policies cover; set: the race guard holds Kafka's own cleaner off a compacted topic "
+     "while a replica of it is out of sync, through the Admin API (docs/replica-divergence.md); empty: off"),
+    ("KAFKA_CLEANER_RACE_GUARD_ADMIN_CONFIG", "", "a JSON object of kafka-python KafkaAdminClient options for "
+     "it (security_protocol, ssl_cafile, sasl_mechanism, sasl_plain_username, ...); put it in a Secret and "
+     "pass it with extraEnv valueFrom"),
     ("POD_NAME", "<host name>", "this replica's identity in the Lease (downward API)"),
     ("POD_NAMESPACE", "default", "the operator's namespace (downward API)"),
 )
@@ -155,6 +163,15 @@ class OperatorConfig:
     # -- what a policy author may choose (issue 20, item 7) --
     #: Image repositories the sidecar may run (:attr:`sidecar_image_allowlist`).
     allowed_sidecar_images: tuple[str, ...] = ()
+    # -- the replication race (issue 24, item 3) --
+    #: Set: the race guard (``race_guard.py``) is on, against these brokers.
+    race_guard_bootstrap: str | None = None
+    #: KafkaAdminClient options (a JSON object) for it.
+    race_guard_admin_config: str = "{}"
+
+    @property
+    def race_guard_options(self) -> dict[str, object]:
+        return dict(json.loads(self.race_guard_admin_config))
 
     @property
     def sidecar_image_allowlist(self) -> tuple[str, ...]:
@@ -222,6 +239,8 @@ class OperatorConfig:
             webhook_timeout=int(_number(env, ENV_PREFIX + "WEBHOOK_TIMEOUT_SECONDS", 5, minimum=1, maximum=30,
                                         integer=True)),
             allowed_sidecar_images=_image_repositories(text(ENV_PREFIX + "ALLOWED_SIDECAR_IMAGES")),
+            race_guard_bootstrap=text(ENV_PREFIX + "RACE_GUARD_BOOTSTRAP_SERVERS") or None,
+            race_guard_admin_config=_json_object(env, ENV_PREFIX + "RACE_GUARD_ADMIN_CONFIG"),
         )
         if config.webhook_enabled and not config.webhook_insecure and not (
                 config.webhook_cert_file and config.webhook_key_file):
@@ -229,6 +248,17 @@ class OperatorConfig:
                                 "KAFKA_CLEANER_WEBHOOK_KEY_FILE (or KAFKA_CLEANER_WEBHOOK_INSECURE=true for "
                                 "local tests)")
         return config
+
+
+def _json_object(env: Mapping[str, str], name: str) -> str:
+    raw = env.get(name, "").strip() or "{}"
+    try:
+        value = json.loads(raw)
+    except ValueError as e:
+        raise SettingsError(f"{name} must be a JSON object: {e}") from None
+    if not isinstance(value, dict):
+        raise SettingsError(f"{name} must be a JSON object, got {type(value).__name__}")
+    return raw
 
 
 def describe_env() -> str:
