@@ -467,9 +467,12 @@ class Operator:
                                     self.config.race_guard_options)
             for topic, why in hold.items():
                 restore = await self.call(admin.overrides, topic, list(HOLD))
+                shared = restore == HOLD  # another policy's guard over the same cluster holds it
                 held[topic] = Held(topic, self.now().isoformat(timespec="seconds").replace("+00:00", "Z"), why,
-                                   restore)
+                                   {} if shared else restore, shared)
                 await self._write_held(state, meta["namespace"], meta["name"], held)  # before the change
+                if shared:
+                    continue
                 try:
                     await self.call(admin.set, topic, HOLD)
                 except Exception:
@@ -1141,6 +1144,9 @@ class Operator:
             held = self._held(state, body)
             if held and self.config.race_guard_bootstrap:  # what the guard holds goes back as it was
                 await self._guard(body, state, held, {}, sorted(held))
+                if held:  # not set back (RaceGuardFailed says why): the deletion waits, tried again
+                    raise kopf.TemporaryError(f"the race guard could not set back the configs of topic(s) "
+                                              f"{', '.join(sorted(held))}", delay=30)
             await self._remove_stale_injections(body, None, keep=None, logger=logger)
             await self._await_removal(body, logger)
             cm_name = configmap_name(name)

@@ -47,17 +47,21 @@ class Held:
     since: str
     why: str
     restore: dict[str, str | None]
+    shared: bool = False
+    """The topic was held already (another policy's guard over the same cluster): this one
+    sets nothing back, the guard that set the hold does."""
 
     def to_status(self) -> dict[str, Any]:
         """``status.raceGuard.held[topic]``: a key the topic did not set is left out of
         ``restore`` (a JSON merge patch cannot carry a null: it deletes)."""
         restore = {k: v for k, v in self.restore.items() if v is not None}
-        return {"since": self.since, "why": self.why, "restore": restore}
+        return {"since": self.since, "why": self.why, "restore": restore, **({"shared": True} if self.shared else {})}
 
     @classmethod
     def from_status(cls, topic: str, entry: Mapping[str, Any]) -> Held:
         restore = entry.get("restore") or {}
-        return cls(topic, str(entry["since"]), str(entry.get("why", "")), {k: restore.get(k) for k in HOLD})
+        return cls(topic, str(entry["since"]), str(entry.get("why", "")), {k: restore.get(k) for k in HOLD},
+                   bool(entry.get("shared", False)))
 
 
 def topics_out_of_sync(reports: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
@@ -80,6 +84,8 @@ def release_plan(held: Held, current: Mapping[str, str | None]) -> tuple[dict[st
     changed meanwhile (left as they are)."""
     back: dict[str, str | None] = {}
     changed: list[str] = []
+    if held.shared:
+        return back, changed
     for key, value in HOLD.items():
         if current.get(key) == value:
             back[key] = held.restore.get(key)

@@ -35,3 +35,14 @@ def test_a_hold_round_trips_through_the_status_and_is_set_back_exactly() -> None
 
     # Someone set the ratio back while held (a GitOps tool): that key is left as they set it.
     assert release_plan(held, {RATIO: "0.5", LAG: HOLD[LAG]}) == ({LAG: None}, [RATIO])
+
+
+def test_a_topic_another_guard_holds_is_shared_and_never_set_back_by_this_one() -> None:
+    """Two policies over one cluster (node pools) cover the same topic: the second finds the
+    hold's values already there. Were they its "restore", it would set the hold back for good
+    after the first released it."""
+    shared = Held("orders", "2026-11-28T16:00:00Z", "why", {}, shared=True)
+    entry = shared.to_status()
+    assert entry == {"since": "2026-11-28T16:00:00Z", "why": "why", "restore": {}, "shared": True}
+    assert Held.from_status("orders", entry).shared
+    assert release_plan(shared, dict(HOLD)) == ({}, [])
