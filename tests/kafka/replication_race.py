@@ -10,10 +10,11 @@ producer state holds open (DescribeProducers).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kafka_broker import RealBroker, wait_until
+from kafka_broker import RealBroker, create_topic, wait_until
 
 from cleaner.storage.index import AbortedTxn, TransactionIndex
 from cleaner.storage.segment import iter_file_batches
@@ -203,3 +204,115 @@ def coordinator_state(broker: RealBroker, transactional_id: str) -> str:
         return str(admin.describe_transactions([transactional_id])[transactional_id].state.value)
     finally:
         admin.close()
+
+
+TRANSACTION_SETTINGS = {
+    # The coordinator's log must survive broker 2's absence and the leader change.
+    "transaction.state.log.replication.factor": "2",
+    "transaction.state.log.num.partitions": "1",
+    "transaction.state.log.min.isr": "1",
+    # An idle producer leaves the leader's producer state within seconds, not a day: its last
+    # batch is then no longer kept, and its marker can go (isBatchLastRecordOfProducer).
+    "producer.id.expiration.ms": "2000",
+    "producer.id.expiration.check.interval.ms": "500",
+}
+"""Broker settings of the transaction scenarios (with the tests' own)."""
+
+ABORTED_SERVED, COMMITTED_HIDDEN, FROZEN = 0, 1, 2
+"""The partitions of :class:`MarkersAway`, one per manifestation (2, 3, 4)."""
+
+
+class MarkersAway:
+    """Manifestations 2-4 up to the point a cleaner may remove the markers: a topic of three
+    partitions on brokers 1 and 2; on each a producer's transaction both replicas take (a refund,
+    an account's deletion, an order's state); broker 2 away; the transactions end on the leader
+    (aborted, committed, committed and superseded); the leader's last segments rolled; the idle
+    producers expired there, so that only a hold keeps their markers. Then :meth:`come_back`:
+    broker 2 back fetches what the leader kept, the producers' next transactions, and broker 2,
+    leading, must serve what broker 1 serves with none of the three manifestations."""
+
+    PARTITIONS = (ABORTED_SERVED, COMMITTED_HIDDEN, FROZEN)
+
+    def __init__(self, one: RealBroker, two: RealBroker, topic: str, configs: dict[str, str], *,
+                 when_away: Callable[[], None] | None = None) -> None:
+        """``when_away``: called once broker 2 is out of the ISR, before the transactions end
+        (a guard that must be in place before any marker is removable)."""
+        self.one, self.two, self.topic = one, two, topic
+        self.producers: list = []
+        partitions = list(self.PARTITIONS)
+        create_topic(one, topic, {p: [1, 2] for p in partitions}, configs)
+        wait_until(lambda: all(one.partition_state(topic, p) == {"leader": 1, "isr": [1, 2]} for p in partitions),
+                   "both replicas in sync")  # fmt: skip
+        one.produce(topic, [(COMMITTED_HIDDEN, b"account-3", b"balance:120")])
+        self.aborted, self.committed, frozen = (transactional_producer(one, n) for n in ("aborted", "committed",
+                                                                                         "frozen"))
+        self.producers += [self.aborted, self.committed, frozen]
+        lead_transaction_coordinator(one, 1, [2])
+        self.first: dict[int, int] = {}
+        for producer, partition, key, value in (
+            (self.aborted, ABORTED_SERVED, b"payment-7", b"refund:9999"),
+            (self.committed, COMMITTED_HIDDEN, b"account-3", None),
+            (frozen, FROZEN, b"order-5", b"state:paid"),
+        ):
+            producer.begin_transaction()
+            self.first[partition] = producer.send(topic, key=key, value=value, partition=partition).get(30).offset
+            producer.flush(30)
+        self.pid = wait_until(lambda: {p: producer_id_at(two.log_dir, topic, p, self.first[p]) for p in self.first},
+                              "the transactions' data on broker 2")  # fmt: skip
+
+        two.stop()
+        wait_until(lambda: all(one.partition_state(topic, p)["isr"] == [1] for p in partitions),
+                   "broker 2 out of the ISR")  # fmt: skip
+        if when_away is not None:
+            when_away()
+        self.aborted.abort_transaction()
+        self.committed.commit_transaction()
+        frozen.commit_transaction()
+        one.produce(topic, [(FROZEN, b"order-5", b"state:shipped")])
+        self.roll(0)
+        self.markers = self.markers_on(one)
+        assert all(self.markers.values()), self.markers
+        wait_until(lambda: not any(self.pid[p] in active_producers(one, topic, p) for p in partitions),
+                   "the idle producers to expire on broker 1")  # fmt: skip
+
+    def markers_on(self, broker: RealBroker) -> dict[int, list[str]]:
+        """Per partition, the markers of the transactions' producers on the broker's disk."""
+        return {p: [m for m in of_producer(broker.log_dir, self.topic, p, self.pid[p]) if m.startswith("marker")]
+                for p in self.PARTITIONS}  # fmt: skip
+
+    def roll(self, tag: int) -> None:
+        """A produce to every partition after ``segment.ms`` (300 ms): what came before is in
+        rolled segments, and the log is dirty again."""
+        time.sleep(0.4)
+        self.one.produce(self.topic, [(p, b"filler-%d" % (tag % 7), b"%d" % tag) for p in self.PARTITIONS])
+
+    def come_back(self, *, when_back: Callable[[], None] | None = None) -> None:
+        """``when_back``: called once broker 2 is back in the ISR with the markers."""
+        one, two, topic, partitions = self.one, self.two, self.topic, list(self.PARTITIONS)
+        two.start()
+        wait_until(lambda: all(sorted(one.partition_state(topic, p)["isr"]) == [1, 2] for p in partitions),
+                   "broker 2 back in the ISR")  # fmt: skip
+        wait_until(lambda: self.markers_on(two) == self.markers, "the markers on broker 2")
+        if when_back is not None:
+            when_back()
+        self.aborted.begin_transaction()
+        self.aborted.send(topic, key=b"payment-8", value=b"refund:1", partition=ABORTED_SERVED)
+        self.aborted.commit_transaction()
+        self.committed.begin_transaction()
+        self.committed.send(topic, key=b"account-4", value=b"balance:0", partition=COMMITTED_HIDDEN).get(30)
+        self.committed.abort_transaction()
+        one.produce(topic, [(FROZEN, b"order-6", b"state:new")])
+        by_one = {p: serve(one, topic, p, "read_committed") for p in partitions}
+        lead(one, topic, partitions, 2, [1])
+        by_two = {p: serve(two, topic, p, "read_committed") for p in partitions}
+        for p in partitions:
+            assert by_two[p].end == by_one[p].end, f"partition {p}: read_committed ends elsewhere on broker 2"
+            assert {k: v for _, k, v in by_two[p].records} == {k: v for _, k, v in by_one[p].records}, p
+        assert by_two[ABORTED_SERVED].value_of(b"payment-7") == "absent", "manifestation 2 happened"
+        # (the committed deletion's tombstone may still be there: broker 2 was away past its horizon)
+        assert by_two[COMMITTED_HIDDEN].value_of(b"account-3") in (None, "absent"), "manifestation 3 happened"
+        assert by_two[FROZEN].value_of(b"order-6") == b"state:new", "manifestation 4 happened"
+
+    def close(self) -> None:
+        for producer in self.producers:
+            producer.close(timeout=5)

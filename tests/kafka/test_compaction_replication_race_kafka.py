@@ -31,6 +31,7 @@ import pytest
 from broker_workload import CLI
 from kafka_broker import EACH_KAFKA_LINE, RealBroker, create_topic, two_broker_cluster, wait_until
 from replication_race import (
+    TRANSACTION_SETTINGS,
     Served,
     aborted_transactions,
     coordinator_state,
@@ -179,17 +180,7 @@ def test_refetch_repairs_the_replica_that_kept_the_deleted_value(tmp_path: Path,
 
 TXN_TOPIC = "accounts"
 ABORTED_SERVED, COMMITTED_HIDDEN, FROZEN = 0, 1, 2  # one partition per manifestation
-TXN_BROKER_SETTINGS = {
-    **BROKER_SETTINGS,
-    # The coordinator's log must survive broker 2's absence and the leader change.
-    "transaction.state.log.replication.factor": "2",
-    "transaction.state.log.num.partitions": "1",
-    "transaction.state.log.min.isr": "1",
-    # An idle producer leaves the leader's producer state within seconds, not a day: its last
-    # batch is then no longer kept, and its marker can go (isBatchLastRecordOfProducer).
-    "producer.id.expiration.ms": "2000",
-    "producer.id.expiration.check.interval.ms": "500",
-}
+TXN_BROKER_SETTINGS = {**BROKER_SETTINGS, **TRANSACTION_SETTINGS}
 TXN_TOPIC_CONFIGS = {**TOPIC_CONFIGS, "segment.ms": "300"}  # every produce after 300 ms rolls: dirty segments
 
 

@@ -28,6 +28,7 @@ from broker_workload import CLI
 from compaction_operator.race_guard import HOLD, AdminTopicConfigs, Held, release_plan, topics_out_of_sync
 from kafka_broker import EACH_KAFKA_LINE, RealBroker, create_topic, two_broker_cluster, wait_until
 from ports import free_port
+from replication_race import TRANSACTION_SETTINGS
 
 from cleaner.config import parse_policy_text
 from cleaner.where import DEFAULT_POLICY, where
@@ -62,9 +63,9 @@ def _records_of_key(broker: RealBroker) -> list[str]:
 class _Sidecar:
     """``kafka-cleaner sidecar`` over broker 1's dirs, observing, scanning every second."""
 
-    def __init__(self, broker: RealBroker, root: Path) -> None:
+    def __init__(self, broker: RealBroker, root: Path, topic: str = TOPIC) -> None:
         root.mkdir()
-        (root / "policy.yaml").write_text(SIDECAR_POLICY)
+        (root / "policy.yaml").write_text(SIDECAR_POLICY.replace(TOPIC, topic))
         self.port = free_port()
         self.log = (root / "sidecar.log").open("w")
         self.process = subprocess.Popen(
@@ -138,3 +139,50 @@ def test_the_guard_keeps_kafkas_cleaner_off_while_a_replica_is_away(tmp_path: Pa
         served = two.consume(TOPIC, 1)[0]
         assert served.get(KEY, "absent") in (None, "absent"), "broker 2 served the deleted value"
         print(f"guarded on Kafka {line} in {time.monotonic() - started:.0f} s")
+
+
+TXN_TOPIC = "accounts"
+TXN_BROKER_SETTINGS = {**BROKER_SETTINGS, **TRANSACTION_SETTINGS}
+
+
+def test_the_guard_keeps_kafkas_cleaner_off_the_markers_while_a_replica_is_away(tmp_path: Path, line: str) -> None:
+    """Manifestations 2-4 (``replication_race.MarkersAway``) with Kafka's own cleaner and the
+    guard: held as soon as the sidecar reports broker 2 out of the ISR, before the transactions
+    end; the markers stay through eight dirty rounds after their producers expired (the
+    baseline removes them within seven); released once broker 2 is back with them; broker 2,
+    leading, serves every key as broker 1 does."""
+    from replication_race import MarkersAway
+
+    started = time.monotonic()
+    with two_broker_cluster(tmp_path, line, extra=TXN_BROKER_SETTINGS, cleaner_enable=True) as (_, one, two):
+        sidecar = _Sidecar(one, tmp_path / "sidecar", TXN_TOPIC)
+        admin = AdminTopicConfigs(one.bootstrap)
+        held: list[Held] = []
+
+        def hold() -> None:
+            why = wait_until(lambda: sidecar.out_of_sync().get(TXN_TOPIC), "the report of broker 2 out of the ISR")
+            held.append(Held(TXN_TOPIC, "now", why, admin.overrides(TXN_TOPIC, KEYS)))
+            admin.set(TXN_TOPIC, HOLD)
+
+        def release() -> None:
+            wait_until(lambda: sidecar.out_of_sync() == {} and sidecar.status().get("replicas"),
+                       "the report of every replica in sync")  # fmt: skip
+            back, changed = release_plan(held[0], admin.overrides(TXN_TOPIC, KEYS))
+            assert changed == []
+            admin.set(TXN_TOPIC, back)
+
+        away: MarkersAway | None = None
+        try:
+            wait_until(lambda: sidecar.status().get("replicas"), "the sidecar's first report")
+            away = MarkersAway(one, two, TXN_TOPIC, {**TOPIC_CONFIGS, "segment.ms": "300"}, when_away=hold)
+            for tag in range(1, 9):
+                away.roll(tag)
+            assert away.markers_on(one) == away.markers, "Kafka's cleaner removed a marker of a held topic"
+            away.come_back(when_back=release)
+            assert admin.overrides(TXN_TOPIC, KEYS) == held[0].restore
+        finally:
+            if away is not None:
+                away.close()
+            admin.close()
+            sidecar.stop()
+        print(f"guarded (markers) on Kafka {line} in {time.monotonic() - started:.0f} s")

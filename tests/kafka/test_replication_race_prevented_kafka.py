@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 from kafka_broker import EACH_KAFKA_LINE, RealBroker, create_topic, two_broker_cluster, wait_until
+from replication_race import TRANSACTION_SETTINGS
 
 from cleaner import cleaning
 from cleaner.clock import FixedTime
@@ -117,15 +118,7 @@ def test_kafka_cleaner_keeps_the_tombstone_a_replica_away_has_not_fetched(
 # -- manifestations 2-4: transaction markers ------------------------------------------------
 
 TXN_TOPIC = "accounts"
-ABORTED_SERVED, COMMITTED_HIDDEN, FROZEN = 0, 1, 2  # as in test_compaction_replication_race_kafka
-TXN_BROKER_SETTINGS = {
-    **BROKER_SETTINGS,
-    "transaction.state.log.replication.factor": "2",
-    "transaction.state.log.num.partitions": "1",
-    "transaction.state.log.min.isr": "1",
-    "producer.id.expiration.ms": "2000",
-    "producer.id.expiration.check.interval.ms": "500",
-}
+TXN_BROKER_SETTINGS = {**BROKER_SETTINGS, **TRANSACTION_SETTINGS}
 TXN_TOPIC_CONFIGS = {**TOPIC_CONFIGS, "segment.ms": "300"}  # a produce after 300 ms rolls the segment
 CLEANS = 4
 """Enough for Kafka's rules to remove every marker without the hold (seen: the ABORT's data
@@ -134,12 +127,6 @@ TXN_POLICY = parse_policy_text(
     "mode: compact\ntopics:\n  - match: accounts\n    cleanupPolicy: compact\n    minCleanableDirtyRatio: 0.01\n"
     "    deleteRetentionMs: 1000\n"
 )
-
-
-def _roll(broker: RealBroker, tag: int) -> None:
-    """A produce to every partition after ``segment.ms``: what came before is in rolled segments."""
-    time.sleep(0.4)
-    broker.produce(TXN_TOPIC, [(p, b"filler-%d" % (tag % 7), b"%d" % tag) for p in (0, 1, 2)])
 
 
 def _clean_stopped_txn(broker: RealBroker, caplog: pytest.LogCaptureFixture, later_ms: int = 0) -> list[str]:
@@ -154,63 +141,20 @@ def _clean_stopped_txn(broker: RealBroker, caplog: pytest.LogCaptureFixture, lat
 def test_kafka_cleaner_keeps_the_markers_a_replica_away_has_not_fetched(
     tmp_path: Path, line: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Manifestations 2-4 played again with kafka-cleaner as the only cleaner: broker 2 away
-    while the leader ends three transactions (an abort, a committed deletion, a commit then
-    superseded); kafka-cleaner cleans the stopped leader twice, the second time past every
-    marker's horizon. The markers are kept while broker 2 is out; broker 2 back fetches them,
-    the producers' next transactions end as they should on both replicas, and broker 2,
-    leading, serves every key as broker 1 does: no aborted refund, no deleted account, no
-    frozen read_committed."""
-    from replication_race import (
-        active_producers,
-        lead,
-        lead_transaction_coordinator,
-        of_producer,
-        producer_id_at,
-        serve,
-    )
-    from replication_race import transactional_producer as txn_producer
+    """Manifestations 2-4 played again with kafka-cleaner as the only cleaner
+    (``replication_race.MarkersAway``): broker 2 away while the leader ends three transactions
+    (an abort, a committed deletion, a commit then superseded) and their producers expire;
+    kafka-cleaner cleans the stopped leader four times, each past the horizons the one before
+    stamped. The markers are kept while broker 2 is out; broker 2 back fetches them, the
+    producers' next transactions end as they should on both replicas, and broker 2, leading,
+    serves every key as broker 1 does: no aborted refund, no deleted account, no frozen
+    read_committed."""
+    from replication_race import MarkersAway
 
     started = time.monotonic()
-    producers = []
     with two_broker_cluster(tmp_path, line, extra=TXN_BROKER_SETTINGS) as (_, one, two):
+        away = MarkersAway(one, two, TXN_TOPIC, TXN_TOPIC_CONFIGS)
         try:
-            partitions = [ABORTED_SERVED, COMMITTED_HIDDEN, FROZEN]
-            create_topic(one, TXN_TOPIC, {p: [1, 2] for p in partitions}, TXN_TOPIC_CONFIGS)
-            wait_until(lambda: all(one.partition_state(TXN_TOPIC, p) == {"leader": 1, "isr": [1, 2]}
-                                   for p in partitions), "both replicas in sync")  # fmt: skip
-            one.produce(TXN_TOPIC, [(COMMITTED_HIDDEN, b"account-3", b"balance:120")])
-            aborted, committed, frozen = (txn_producer(one, name) for name in ("aborted", "committed", "frozen"))
-            producers += [aborted, committed, frozen]
-            lead_transaction_coordinator(one, 1, [2])
-            first: dict[int, int] = {}
-            for producer, partition, key, value in (
-                (aborted, ABORTED_SERVED, b"payment-7", b"refund:9999"),
-                (committed, COMMITTED_HIDDEN, b"account-3", None),
-                (frozen, FROZEN, b"order-5", b"state:paid"),
-            ):
-                producer.begin_transaction()
-                first[partition] = producer.send(TXN_TOPIC, key=key, value=value, partition=partition).get(30).offset
-                producer.flush(30)
-            pid = wait_until(lambda: {p: producer_id_at(two.log_dir, TXN_TOPIC, p, first[p]) for p in first},
-                             "the transactions' data on broker 2")  # fmt: skip
-
-            # Broker 2 is away; the transactions end on the leader; the paid order is superseded.
-            two.stop()
-            wait_until(lambda: all(one.partition_state(TXN_TOPIC, p)["isr"] == [1] for p in partitions),
-                       "broker 2 out of the ISR")  # fmt: skip
-            aborted.abort_transaction()
-            committed.commit_transaction()
-            frozen.commit_transaction()
-            one.produce(TXN_TOPIC, [(FROZEN, b"order-5", b"state:shipped")])
-            _roll(one, 0)
-            markers = {p: [m for m in of_producer(one.log_dir, TXN_TOPIC, p, pid[p]) if m.startswith("marker")]
-                       for p in partitions}  # fmt: skip
-            assert all(markers.values()), markers
-            # The producers expire on the leader (2 s idle): nothing but the hold keeps their markers.
-            wait_until(lambda: not any(pid[p] in active_producers(one, TXN_TOPIC, p) for p in partitions),
-                       "the idle producers to expire on broker 1")  # fmt: skip
-
             # kafka-cleaner on the stopped leader, a minute later each time (past every horizon the
             # one before stamped), with a rolled dirty segment before each: where Kafka's cleaner
             # removes the aborted data, the committed deletion, then the markers.
@@ -219,38 +163,9 @@ def test_kafka_cleaner_keeps_the_markers_a_replica_away_has_not_fetched(
                 held = _clean_stopped_txn(one, caplog, later_ms=clean * 60_000)
                 assert held and "replica 2 is" in held[0], f"clean {clean + 1} did not hold the markers"
                 one.start()
-                _roll(one, clean + 1)
-            for p in partitions:
-                kept = [m for m in of_producer(one.log_dir, TXN_TOPIC, p, pid[p]) if m.startswith("marker")]
-                assert kept == markers[p], f"partition {p}: a marker went while broker 2 was away"
-
-            # Broker 2 back: it fetches the markers; the producers' next transactions end as they should.
-            two.start()
-            wait_until(lambda: all(sorted(one.partition_state(TXN_TOPIC, p)["isr"]) == [1, 2] for p in partitions),
-                       "broker 2 back in the ISR")  # fmt: skip
-            for p in partitions:
-                wait_until(lambda p=p: [m for m in of_producer(two.log_dir, TXN_TOPIC, p, pid[p])
-                                        if m.startswith("marker")] == markers[p],
-                           f"the marker of partition {p} on broker 2")  # fmt: skip
-            aborted.begin_transaction()
-            aborted.send(TXN_TOPIC, key=b"payment-8", value=b"refund:1", partition=ABORTED_SERVED)
-            aborted.commit_transaction()
-            committed.begin_transaction()
-            committed.send(TXN_TOPIC, key=b"account-4", value=b"balance:0", partition=COMMITTED_HIDDEN).get(30)
-            committed.abort_transaction()
-            one.produce(TXN_TOPIC, [(FROZEN, b"order-6", b"state:new")])
-            by_one = {p: serve(one, TXN_TOPIC, p, "read_committed") for p in partitions}
-
-            lead(one, TXN_TOPIC, partitions, 2, [1])
-            by_two = {p: serve(two, TXN_TOPIC, p, "read_committed") for p in partitions}
-            for p in partitions:
-                assert by_two[p].end == by_one[p].end, f"partition {p}: read_committed ends elsewhere on broker 2"
-                assert {k: v for _, k, v in by_two[p].records} == {k: v for _, k, v in by_one[p].records}, p
-            assert by_two[ABORTED_SERVED].value_of(b"payment-7") == "absent", "manifestation 2 happened"
-            # (the committed deletion's tombstone is still there: broker 2 was away past its horizon)
-            assert by_two[COMMITTED_HIDDEN].value_of(b"account-3") in (None, "absent"), "manifestation 3 happened"
-            assert by_two[FROZEN].value_of(b"order-6") == b"state:new", "manifestation 4 happened"
+                away.roll(clean + 1)
+            assert away.markers_on(one) == away.markers, "a marker went while broker 2 was away"
+            away.come_back()
             print(f"prevented (markers) on Kafka {line} in {time.monotonic() - started:.0f} s")
         finally:
-            for producer in producers:
-                producer.close(timeout=5)
+            away.close()
