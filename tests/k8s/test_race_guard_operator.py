@@ -104,7 +104,9 @@ def test_the_operator_holds_kafkas_cleaner_while_a_replica_is_away(
             two.start()
             wait_for(lambda: not cluster.status("orders").get("raceGuard", {}).get("held"), timeout=TIMEOUT,
                      what="status.raceGuard empty again")  # fmt: skip
-            assert admin.overrides(TOPIC, KEYS) == {"min.cleanable.dirty.ratio": "0.01", "max.compaction.lag.ms": None}
+            wait_for(lambda: admin.overrides(TOPIC, KEYS) == {"min.cleanable.dirty.ratio": "0.01",
+                                                            "max.compaction.lag.ms": None},
+                     timeout=TIMEOUT, what="the topic's own configs back (on whichever broker answers)")  # fmt: skip
             assert "set back" in cluster.wait_for_event("CompactionPolicy", "RaceGuardReleased")
             wait_until(lambda: "value" not in _records_of_key(one), "Kafka's cleaner to clean again")
             plane.kubectl("delete", "-n", NS, "compactionpolicy", "orders", "--wait=true", f"--timeout={int(TIMEOUT)}s")
