@@ -33,7 +33,7 @@ from replication_race import TRANSACTION_SETTINGS
 
 from cleaner import cleaning
 from cleaner.clock import FixedTime
-from cleaner.config import parse_policy_text
+from cleaner.config import Policy, parse_policy_text
 from cleaner.where import DEFAULT_POLICY, where
 
 pytestmark = [pytest.mark.slow, EACH_KAFKA_LINE]
@@ -62,13 +62,14 @@ def _records_of_key(broker: RealBroker) -> list[str]:
     return [s.kind for s in sightings]
 
 
-def _clean_stopped(broker: RealBroker, caplog: pytest.LogCaptureFixture, later_ms: int = 0) -> list[str]:
+def _clean_stopped(broker: RealBroker, caplog: pytest.LogCaptureFixture, later_ms: int = 0,
+                   policy: Policy = POLICY) -> list[str]:
     """kafka-cleaner on the stopped broker's log dirs (the data and ``metadata.log.dir``, as
     ``clean`` is given a broker's dirs), its clock ``later_ms`` ahead; the hold's log lines."""
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="cleaner"):
         clock = FixedTime(int(time.time() * 1000) + later_ms)
-        outcome = cleaning.clean([broker.log_dir, broker.metadata_dir], POLICY, clock)
+        outcome = cleaning.clean([broker.log_dir, broker.metadata_dir], policy, clock)
     assert not outcome.uncleanable, outcome.uncleanable
     return [r.getMessage() for r in caplog.records if "keeping every tombstone" in r.getMessage()]
 
@@ -129,15 +130,6 @@ TXN_POLICY = parse_policy_text(
 )
 
 
-def _clean_stopped_txn(broker: RealBroker, caplog: pytest.LogCaptureFixture, later_ms: int = 0) -> list[str]:
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="cleaner"):
-        clock = FixedTime(int(time.time() * 1000) + later_ms)
-        outcome = cleaning.clean([broker.log_dir, broker.metadata_dir], TXN_POLICY, clock)
-    assert not outcome.uncleanable, outcome.uncleanable
-    return [r.getMessage() for r in caplog.records if "keeping every tombstone" in r.getMessage()]
-
-
 def test_kafka_cleaner_keeps_the_markers_a_replica_away_has_not_fetched(
     tmp_path: Path, line: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -160,7 +152,7 @@ def test_kafka_cleaner_keeps_the_markers_a_replica_away_has_not_fetched(
             # removes the aborted data, the committed deletion, then the markers.
             for clean in range(CLEANS):
                 one.stop()
-                held = _clean_stopped_txn(one, caplog, later_ms=clean * 60_000)
+                held = _clean_stopped(one, caplog, later_ms=clean * 60_000, policy=TXN_POLICY)
                 assert held and "replica 2 is" in held[0], f"clean {clean + 1} did not hold the markers"
                 one.start()
                 away.roll(clean + 1)
