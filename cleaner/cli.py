@@ -18,6 +18,10 @@ from cleaner import __version__
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "clean": ("cleaner.commands:clean_command", "Clean Kafka log dirs until no partition is eligible, then exit."),
+    "diverged": (
+        "cleaner.manifestations:diverged_command",
+        "Which of the replication race's four manifestations a replica has, against one in sync.",
+    ),
     "demo": ("cleaner.demo:demo_command", "Generate a realistic Kafka log dir and clean it, showing before and after."),
     "dump": (
         "cleaner.dump:dump",

@@ -249,7 +249,7 @@ class Cleaner:
             out.append((segment, next_start, copy.deepcopy(state)))
             position = segment.lookup_position(start)
             for chunk in self._chunks(segment, position, the_log.config.max_message_bytes):
-                _run_transactions(chunk, _control_types(chunk), state)
+                _run_transactions(chunk, control_types(chunk), state)
         return out
 
     def segment_keys(
@@ -263,7 +263,7 @@ class Cleaner:
         digests: list[np.ndarray] = []
         offsets: list[np.ndarray] = []
         for chunk in self._chunks(segment, position, ltc.log.config.max_message_bytes):
-            aborted = _run_transactions(chunk, _control_types(chunk), transactions)
+            aborted = _run_transactions(chunk, control_types(chunk), transactions)
             keys = _keyed_records(chunk, ~(aborted | chunk.is_control), start)
             digests.append(keys.digests)
             offsets.append(keys.offsets)
@@ -284,7 +284,7 @@ class Cleaner:
                 upper = group[i + 1].base_offset if i + 1 < len(group) else segment.read_next_offset()
                 state.add_aborted_transactions(the_log.collect_aborted_transactions(segment.base_offset, upper))
                 for chunk in self._chunks(segment, 0, the_log.config.max_message_bytes):
-                    _run_transactions(chunk, _control_types(chunk), state)
+                    _run_transactions(chunk, control_types(chunk), state)
         return out
 
     # -- reading with Kafka's buffer rules ---------------------------------------------------
@@ -391,7 +391,7 @@ class Cleaner:
         the batch's last offset; when the map is full it stops at that key. So the latest
         offset ends as the largest of the puts and completed batches before the stop.
         """
-        aborted = _run_transactions(chunk, _control_types(chunk), transactions)
+        aborted = _run_transactions(chunk, control_types(chunk), transactions)
         skipped = aborted | chunk.is_control
         stats.map_messages_read += int(chunk.records_counts[skipped].sum())
         keys = _keyed_records(chunk, ~skipped, start)
@@ -516,8 +516,8 @@ class Cleaner:
         n = len(chunk)
         v2_rows = np.flatnonzero(chunk.is_v2)
         columns = decode_records(chunk.select(v2_rows)) if v2_rows.size else None
-        control_types = _control_types(chunk, columns, v2_rows)
-        can_discard = _run_transactions(chunk, control_types, transactions)
+        types = control_types(chunk, columns, v2_rows)
+        can_discard = _run_transactions(chunk, types, transactions)
 
         # Batch retention (checkBatchRetention).
         has_horizon = chunk.has_delete_horizon
@@ -752,7 +752,7 @@ def _keyed_records(chunk: Batches, usable: np.ndarray, start: int) -> _Keys:
     return _Keys(digests, offsets)
 
 
-def _control_types(
+def control_types(
     chunk: Batches, columns: RecordColumns | None = None, v2_rows: np.ndarray | None = None
 ) -> dict[int, ControlRecordType]:
     """Type of the first record of every control batch that has records."""
@@ -771,7 +771,7 @@ def _control_types(
 
 
 def _run_transactions(
-    chunk: Batches, control_types: dict[int, ControlRecordType], transactions: CleanedTransactionMetadata
+    chunk: Batches, types: dict[int, ControlRecordType], transactions: CleanedTransactionMetadata
 ) -> np.ndarray:
     """``shouldDiscardBatch`` for every batch, in order. Only transactional and control
     batches can change or depend on the transaction state; for the others the state
@@ -781,7 +781,7 @@ def _run_transactions(
     for i in np.flatnonzero(chunk.is_transactional | chunk.is_control).tolist():
         header = chunk.header(i)
         if header.is_control:
-            out[i] = transactions.on_control_batch_read(header, control_types.get(i))
+            out[i] = transactions.on_control_batch_read(header, types.get(i))
         else:
             out[i] = transactions.on_batch_read(header)
     return out

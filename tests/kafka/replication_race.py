@@ -9,11 +9,14 @@ producer state holds open (DescribeProducers).
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker_workload import CLI
 from kafka_broker import RealBroker, create_topic, wait_until
 
 from cleaner.storage.index import AbortedTxn, TransactionIndex
@@ -316,3 +319,14 @@ class MarkersAway:
     def close(self) -> None:
         for producer in self.producers:
             producer.close(timeout=5)
+
+
+def diverged(in_sync: RealBroker, replica: RealBroker, topic: str, partitions: list[int]) -> tuple[int, list[dict]]:
+    """``kafka-cleaner diverged`` of ``replica`` against ``in_sync`` on their live log dirs: its
+    exit code and findings (manifestation, replica, offset, key as text, producer id)."""
+    args = [str(CLI), "diverged", "--in-sync", str(in_sync.log_dir), "--replica", str(replica.log_dir),
+            "--topic", topic, *(a for p in partitions for a in ("--partition", str(p))), "-o", "json"]
+    done = subprocess.run(args, capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    findings = [{**f, "key": None if f["key"] is None else bytes.fromhex(f["key"])} for f in json.loads(done.stdout)]
+    return done.returncode, findings

@@ -35,6 +35,7 @@ from replication_race import (
     Served,
     aborted_transactions,
     coordinator_state,
+    diverged,
     lead,
     lead_transaction_coordinator,
     of_producer,
@@ -110,6 +111,12 @@ def test_deleted_data_reappears_on_a_replica_that_was_away_past_the_delete_horiz
     with two_broker_cluster(tmp_path, line, extra=BROKER_SETTINGS, cleaner_enable=True) as (_, one, two):
         _diverge(one, two)
 
+        # Named on the replica that has it (issue 24, item 4), and only there.
+        code, findings = diverged(one, two, TOPIC, [0])
+        assert code == 1 and [(f["manifestation"], f["replica"], f["key"]) for f in findings] == [
+            (1, "broker 2", KEY)], findings
+        assert diverged(two, one, TOPIC, [0]) == (0, [])
+
         # Broker 2 leads: the deleted value is served again.
         one.stop()
         wait_until(lambda: two.partition_state(TOPIC)["leader"] == 2, "broker 2 leading")
@@ -142,6 +149,7 @@ def test_refetch_repairs_the_replica_that_kept_the_deleted_value(tmp_path: Path,
         two.start()
         wait_until(lambda: one.partition_state(TOPIC)["isr"] == [1, 2], "broker 2 back in the ISR")
         assert _records_of_key(two) == [], "broker 2 fetched the deleted key's value again"
+        assert diverged(one, two, TOPIC, [0]) == (0, [])
         # The copy set aside waits for Kafka's own delayed deletion (about a minute after the start
         # in our runs, file.delete.delay.ms at 1 s or not); the broker took it for what the name
         # says, with no complaint about the topic.
@@ -329,6 +337,26 @@ def test_transaction_markers_compacted_away_while_a_replica_is_away(tmp_path: Pa
             assert led_by_one[FROZEN].value_of(b"order-6") == b"state:new"
             phases.done("next transactions on both replicas")
 
+            # Named on broker 2, each on its partition, with the key or the transaction (item 4).
+            # Broker 2's own cleaner may remove the committed deletion it holds as aborted at any
+            # time; once it has, broker 2 just serves a deleted account again: manifestation 1.
+            hidden_before = f"data@{first[COMMITTED_HIDDEN]}" in of_producer(
+                two.log_dir, TXN_TOPIC, COMMITTED_HIDDEN, pid[COMMITTED_HIDDEN])
+            code, findings = diverged(one, two, TXN_TOPIC, list(first))
+            hidden_after = f"data@{first[COMMITTED_HIDDEN]}" in of_producer(
+                two.log_dir, TXN_TOPIC, COMMITTED_HIDDEN, pid[COMMITTED_HIDDEN])
+            named = {(f["partition"], f["manifestation"], f["key"], f["producer_id"]) for f in findings}
+            assert code == 1 and {f["replica"] for f in findings} == {"broker 2"}, findings
+            assert (ABORTED_SERVED, 2, b"payment-7", pid[ABORTED_SERVED]) in named, findings
+            assert (FROZEN, 4, None, pid[FROZEN]) in named, findings
+            assert [f["offset"] for f in findings if f["manifestation"] == 4] == [first[FROZEN]], findings
+            hidden = {m for p, m, key, _ in named if p == COMMITTED_HIDDEN and key == b"account-3"}
+            assert hidden == ({3} if hidden_after else {1} if not hidden_before else hidden & {1, 3}) and hidden, (
+                findings)
+            print("diverged:", sorted(named, key=str), f"(deletion held on broker 2: {hidden_before}, {hidden_after})")
+            assert diverged(two, one, TXN_TOPIC, list(first)) == (0, [])
+            phases.done("named on broker 2 by kafka-cleaner diverged")
+
             lead(one, TXN_TOPIC, list(first), 2, [1])  # broker 1 stays, a follower in the ISR
             led_by_two = {p: serve(two, TXN_TOPIC, p, "read_committed") for p in first}
             uncommitted = serve(two, TXN_TOPIC, FROZEN, "read_uncommitted")
@@ -379,6 +407,7 @@ def test_transaction_markers_compacted_away_while_a_replica_is_away(tmp_path: Pa
             assert repaired[COMMITTED_HIDDEN].value_of(b"account-3") == "absent"
             assert repaired[FROZEN].value_of(b"order-6") == b"state:new"
             assert open_transactions(two, TXN_TOPIC, FROZEN) == {}
+            assert diverged(one, two, TXN_TOPIC, list(first)) == (0, [])
             phases.done("repaired: broker 2 leading serves what broker 1 served")
             print(phases.report())
         finally:
