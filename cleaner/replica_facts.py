@@ -130,6 +130,11 @@ class ReplicaFacts:
     """The partition's replication from ``__cluster_metadata`` on this disk, when known."""
     removals: tuple[Removal, ...] = ()
     """Only while a replica is out of sync (module doc)."""
+    open_transaction: tuple[int, int] | None = None
+    """(producer id, first offset) of the transaction open below the high watermark that holds
+    the last stable offset, where it binds the cleaning: another replica that has cleaned past
+    that offset ended it there, and a replica that fetched past its marker and still holds it
+    open never received the marker (manifestation 4, ``operator/divergence.py``)."""
 
     def as_status(self, topic: str, partition: int) -> dict[str, object]:
         out: dict[str, object] = {
@@ -154,6 +159,9 @@ class ReplicaFacts:
                 "outOfSync": [{"broker": o.broker, "sinceMs": o.since_ms, "offline": o.offline} for o in r.out_of_sync],
             }
             out["removals"] = [x.as_status() for x in self.removals]
+        if self.open_transaction is not None:
+            producer, first = self.open_transaction
+            out["openTransaction"] = {"producerId": producer, "firstOffset": first}
         return out
 
 
@@ -218,7 +226,15 @@ def replica_facts(
         broker_id=broker_id,
         replication=replication,
         removals=tuple(points),
+        open_transaction=_open_transaction(report),
     )
+
+
+def _open_transaction(report: PartitionReport) -> tuple[int, int] | None:
+    holder, hw = report.lso_holder, report.high_watermark
+    if holder is None or hw is None or holder.first_offset >= hw:
+        return None
+    return holder.producer_id, holder.first_offset
 
 
 def _earliest_retention_ms(cluster: ClusterMetadata, topic: str, broker_id: int | None, ours: int) -> int:

@@ -24,6 +24,15 @@ ran; the comparison flags only what those do not explain:
     and named). A working cleaner cleans once the ratio passes the threshold, so its dirty
     section stays about the size of its clean section, itself about the size of another
     replica's compacted log: twice that is not waiting, it is not cleaning.
+``staleLso``
+    manifestation 4 of the compaction–replication race (docs/replica-divergence.md): a
+    transaction is open on one replica from an offset below its high watermark (its
+    read_committed consumers get nothing past it), while another replica has cleaned past that
+    offset, which its cleaner does only below its last stable offset: the transaction ended
+    there. The open replica's log end is at or past the other's high watermark, so it fetched
+    past the marker wherever the marker was: it never received it, because the other's cleaner
+    removed it first. Named on the replica that holds the transaction open, with the producer
+    and the offset (``kafka-cleaner diverged`` names it, and 1-3, key by key, from the two logs).
 
 The replication race (issue 24, item 2; :func:`replication_race_risks`): a replica out of the
 ISR or offline never receives a tombstone or transaction marker that the others' cleaners
@@ -59,7 +68,7 @@ LOG_START_SKEW = 0.25
 CLEAN_SKEW = 2.0
 #: status.divergingPartitions holds at most this many entries (the CRD's maxItems).
 MAX_DIVERGING = 50
-KINDS = ("divergentBatch", "logStartSkew", "cleanSkew")
+KINDS = ("divergentBatch", "staleLso", "logStartSkew", "cleanSkew")
 #: Race risks kept (the tightest first): the bound of the seconds-left gauge's label sets.
 MAX_RACE_RISKS = 50
 _MAX_DETAIL = 256
@@ -103,7 +112,8 @@ def _compare(topic: str, partition: int, replicas: Mapping[str, Mapping[str, Any
     three replicas, the odd one out; of two, both)."""
     pairs: dict[str, list[tuple[str, str, str]]] = {kind: [] for kind in KINDS}
     for (a, ra), (b, rb) in itertools.combinations(sorted(replicas.items()), 2):
-        for kind, detail, pods in (_batches(a, ra, b, rb), _log_start(a, ra, b, rb), _clean(a, ra, b, rb)):
+        for kind, detail, pods in (_batches(a, ra, b, rb), _stale_lso(a, ra, b, rb), _log_start(a, ra, b, rb),
+                                   _clean(a, ra, b, rb)):
             if detail is not None:
                 pairs[kind].append((detail, *pods))
     for kind in KINDS:
@@ -141,6 +151,22 @@ def _log_start(a: str, ra: Mapping[str, Any], b: str, rb: Mapping[str, Any]) -> 
                 f"log start offset {ra['logStartOffset']} on {a}, {rb['logStartOffset']} on {b}: {apart} offsets "
                 f"apart, more than {LOG_START_SKEW:.0%} of the {span} the log holds", (a, b))
     return "logStartSkew", None, ()
+
+
+def _stale_lso(a: str, ra: Mapping[str, Any], b: str, rb: Mapping[str, Any]) -> tuple[str, str | None, tuple[str, ...]]:
+    for (stuck, rstuck), (ended, rended) in (((a, ra), (b, rb)), ((b, rb), (a, ra))):
+        txn = rstuck.get("openTransaction")
+        if txn is None:
+            continue
+        first, other = txn["firstOffset"], rended.get("openTransaction") or {}
+        ended_hw = _hw(rended)
+        if (rended["logStartOffset"] <= first < rended["firstDirtyOffset"] and other.get("firstOffset") != first
+                and 0 <= ended_hw <= rstuck["logEndOffset"]):
+            return ("staleLso",
+                    f"producer {txn['producerId']}'s transaction open on {stuck} from offset {first} (its LSO); "
+                    f"{ended} cleaned past it (to {rended['firstDirtyOffset']}) and {stuck} fetched past {ended}'s "
+                    f"high watermark {ended_hw}: the marker was removed first (manifestation 4)", (stuck,))
+    return "staleLso", None, ()
 
 
 def _dirty_ratio(replica: Mapping[str, Any]) -> float:

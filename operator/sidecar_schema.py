@@ -396,6 +396,16 @@ SCHEMA: dict[str, Any] = {
                                     "maxItems": 2,
                                 },
                             },
+                            "openTransaction": {
+                                "type": "object",
+                                "description": "The transaction open below the high watermark that holds this "
+                                               "replica's last stable offset (where it binds the cleaning).",
+                                "required": ["producerId", "firstOffset"],
+                                "properties": {
+                                    "producerId": {"type": "integer"},
+                                    "firstOffset": {"type": "integer", "minimum": 0},
+                                },
+                            },
                         },
                     },
                 },

@@ -263,9 +263,11 @@ def replica_section(statuses: Iterable[PartitionStatus], scanned_at_ms: int, roo
     used = len('{"rotation":,"partitions":[],"omitted":}') + 2 * 20
 
     def at_risk(s: PartitionStatus) -> bool:
-        # A partition with a replica out of sync goes first: the race check needs it every round.
-        replication = s.replica.replication if s.replica is not None else None
-        return replication is not None and bool(replication.out_of_sync)
+        # A partition with a replica out of sync goes first: the race check needs it every
+        # round; so does one with a transaction holding its LSO (the frozen-LSO check).
+        assert s.replica is not None
+        replication = s.replica.replication
+        return (replication is not None and bool(replication.out_of_sync)) or s.replica.open_transaction is not None
 
     for s in sorted(facts, key=lambda s: (not at_risk(s), rank(s))):
         assert s.replica is not None

@@ -71,7 +71,7 @@ def test_promtool_fires_after_15_minutes_of_divergence_and_not_for_a_blip(
                     "description": "2 partition(s) of CompactionPolicy kafka/offsets have replicas whose sidecar "
                                    "reports disagree beyond what the dirty section explains; the policy's "
                                    "status.divergingPartitions names them, with the brokers and the kind "
-                                   "(divergentBatch, logStartSkew, cleanSkew).",
+                                   "(divergentBatch, staleLso, logStartSkew, cleanSkew).",
                 }}]},
         ]}]}
     test_path = tmp_path / "tests.yaml"

@@ -17,10 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from broker_workload import CLI
+from compaction_operator.divergence import Divergence, diverging_partitions
 from kafka_broker import RealBroker, create_topic, wait_until
 
+from cleaner import cleaning
+from cleaner.clock import SYSTEM_TIME
+from cleaner.config import parse_policy_text
+from cleaner.sidecar.report import replica_section
 from cleaner.storage.index import AbortedTxn, TransactionIndex
 from cleaner.storage.segment import iter_file_batches
+from cleaner.where import DEFAULT_POLICY
 
 
 @dataclass(frozen=True)
@@ -330,3 +336,15 @@ def diverged(in_sync: RealBroker, replica: RealBroker, topic: str, partitions: l
     assert done.returncode in (0, 1), done.stdout + done.stderr
     findings = [{**f, "key": None if f["key"] is None else bytes.fromhex(f["key"])} for f in json.loads(done.stdout)]
     return done.returncode, findings
+
+
+def operator_divergences(brokers: dict[str, RealBroker], topic: str) -> list[Divergence]:
+    """What the operator's replica comparison says of ``topic``, from the replica facts each
+    broker's sidecar would report (its scan of the live log dirs, read-only)."""
+    policy = parse_policy_text(DEFAULT_POLICY)
+    reports = {}
+    for name, broker in brokers.items():
+        dirs = list(dict.fromkeys([broker.log_dir, broker.metadata_dir]))
+        statuses = cleaning.status(dirs, policy, SYSTEM_TIME, replicas=True, only=lambda tp: tp.topic == topic)
+        reports[name] = {"replicas": replica_section(statuses, SYSTEM_TIME.milliseconds(), 1 << 20)}
+    return diverging_partitions(reports)

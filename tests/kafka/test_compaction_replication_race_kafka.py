@@ -40,6 +40,7 @@ from replication_race import (
     lead_transaction_coordinator,
     of_producer,
     open_transactions,
+    operator_divergences,
     producer_id_at,
     serve,
     transactional_producer,
@@ -353,6 +354,10 @@ def test_transaction_markers_compacted_away_while_a_replica_is_away(tmp_path: Pa
             hidden = {m for p, m, key, _ in named if p == COMMITTED_HIDDEN and key == b"account-3"}
             assert hidden == ({3} if hidden_after else {1} if not hidden_before else hidden & {1, 3}) and hidden, (
                 findings)
+            # The operator's comparison of the sidecars' reports names 4 on broker 2 too.
+            stale = [(d.partition, d.brokers) for d in operator_divergences({"broker-1": one, "broker-2": two},
+                                                                            TXN_TOPIC) if d.kind == "staleLso"]
+            assert stale == [(FROZEN, ("broker-2",))], stale
             print("diverged:", sorted(named, key=str), f"(deletion held on broker 2: {hidden_before}, {hidden_after})")
             assert diverged(two, one, TXN_TOPIC, list(first)) == (0, [])
             phases.done("named on broker 2 by kafka-cleaner diverged")
@@ -408,6 +413,7 @@ def test_transaction_markers_compacted_away_while_a_replica_is_away(tmp_path: Pa
             assert repaired[FROZEN].value_of(b"order-6") == b"state:new"
             assert open_transactions(two, TXN_TOPIC, FROZEN) == {}
             assert diverged(one, two, TXN_TOPIC, list(first)) == (0, [])
+            assert operator_divergences({"broker-1": one, "broker-2": two}, TXN_TOPIC) == []
             phases.done("repaired: broker 2 leading serves what broker 1 served")
             print(phases.report())
         finally:

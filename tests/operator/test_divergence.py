@@ -187,3 +187,37 @@ def test_a_malformed_replicas_section_is_an_invalid_report(bad: dict[str, Any]) 
     doc["replicas"] = {"rotation": 1, "partitions": [{**replica(), **bad}], "omitted": 0}
     scrape = parse_report(json.dumps(doc), "kafka-0")
     assert scrape.error is not None and "replicas/partitions/0" in scrape.error
+
+
+def _open(entry: dict[str, Any], producer: int, first: int) -> dict[str, Any]:
+    return {**entry, "openTransaction": {"producerId": producer, "firstOffset": first}}
+
+
+def test_a_transaction_open_on_one_replica_that_another_cleaned_past_is_a_stale_lso_on_that_one() -> None:
+    """Manifestation 4: kafka-1 holds producer 7's transaction open from offset 1200, below its
+    high watermark; kafka-0 has cleaned up to 3000 (only below its own last stable offset: the
+    transaction ended there) and kafka-1 has fetched past kafka-0's high watermark."""
+    reports = {"kafka-0": report("kafka-0", replica()),
+               "kafka-1": report("kafka-1", _open(replica(first_dirty=1000), 7, 1200))}
+    [found] = diverging_partitions(reports)
+    assert (found.kind, found.brokers) == ("staleLso", ("kafka-1",))
+    assert "producer 7's transaction open on kafka-1 from offset 1200" in found.detail
+
+
+@pytest.mark.parametrize("why", ["open on both", "not cleaned past", "lagging", "below the log start",
+                                 "unknown high watermark"])
+def test_an_open_transaction_the_other_replica_explains_is_not_a_stale_lso(why: str) -> None:
+    stuck = _open(replica(first_dirty=1000), 7, 1200)
+    other = replica()
+    if why == "open on both":  # an ongoing (or hanging, on every replica) transaction
+        other = _open(replica(first_dirty=1200), 7, 1200)
+    elif why == "not cleaned past":
+        other = replica(first_dirty=1200)
+    elif why == "lagging":  # it has not fetched as far as the marker may be
+        stuck = _open(replica(log_end=4000, hw=4000, first_dirty=1000), 7, 1200)
+    elif why == "below the log start":  # retention removed it there
+        other = replica(log_start=2000)
+    else:
+        other = replica(hw=None)
+    found = kinds({"kafka-0": report("kafka-0", other), "kafka-1": report("kafka-1", stuck)})
+    assert [kind for kind, _ in found if kind == "staleLso"] == []
