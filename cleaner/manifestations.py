@@ -71,7 +71,8 @@ NAMES = {
     3: "committed data hidden as aborted",
     4: "read_committed frozen at a stale LSO",
 }
-#: Keys held per slice of the key space (about 60 bytes each on both replicas).
+#: Keys held per slice of the key space (about 60 bytes each on both replicas; besides them,
+#: up to ``_MERGE_ROWS`` records gathered before each merge).
 DEFAULT_MAX_KEYS = 4_000_000
 EXIT_DIVERGED = 1
 #: Findings kept per manifestation (the first by offset); the count says how many there were.
@@ -182,31 +183,48 @@ def _batch_states(read: _Read, chunk) -> np.ndarray:  # type: ignore[no-untyped-
     return states
 
 
+#: Rows gathered before they are merged into the keys held (the merge sorts everything held).
+_MERGE_ROWS = 1 << 20
+
+
 @dataclasses.dataclass
 class _Latest:
     """Per key digest, its latest record of one kind: offset, whether a tombstone, whether
-    transactional, its producer. Kept sorted by digest."""
+    transactional, its producer. Kept sorted by digest once ``settle`` has run; rows are
+    gathered (``add``) and merged when they are as many as the keys held, so each row is
+    sorted a bounded number of times."""
 
+    max_keys: int = DEFAULT_MAX_KEYS
     digests: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 2), dtype=np.uint64))
     offsets: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     tombstones: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=bool))
     transactional: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=bool))
     producers: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    _pending: list[tuple[np.ndarray, ...]] = dataclasses.field(default_factory=list)
+    _pending_rows: int = 0
 
-    def merge(self, digests, offsets, tombstones, transactional, producers, max_keys: int) -> None:  # type: ignore[no-untyped-def]
-        d = np.concatenate([self.digests, digests])
-        o = np.concatenate([self.offsets, offsets])
+    def add(self, digests, offsets, tombstones, transactional, producers) -> None:  # type: ignore[no-untyped-def]
+        self._pending.append((digests, offsets, tombstones, transactional, producers))
+        self._pending_rows += len(offsets)
+        if self._pending_rows >= max(len(self.offsets), _MERGE_ROWS):
+            self.settle()
+
+    def settle(self) -> None:
+        """Merge the gathered rows into the keys held (_TooManyKeys past ``max_keys``)."""
+        if not self._pending:
+            return
+        held = (self.digests, self.offsets, self.tombstones, self.transactional, self.producers)
+        d, o, t, x, p = (np.concatenate([h, *(rows[i] for rows in self._pending)]) for i, h in enumerate(held))
+        self._pending, self._pending_rows = [], 0
         order = np.lexsort((-o, d[:, 1], d[:, 0]))  # by digest, the latest first
         d = d[order]
         first = np.ones(len(d), dtype=bool)
         first[1:] = (d[1:] != d[:-1]).any(axis=1)
         keep = order[first]
-        if len(keep) > max_keys:
+        if len(keep) > self.max_keys:
             raise _TooManyKeys
         self.digests, self.offsets = d[first], o[keep]
-        self.tombstones = np.concatenate([self.tombstones, tombstones])[keep]
-        self.transactional = np.concatenate([self.transactional, transactional])[keep]
-        self.producers = np.concatenate([self.producers, producers])[keep]
+        self.tombstones, self.transactional, self.producers = t[keep], x[keep], p[keep]
 
     def lookup(self, digests: np.ndarray) -> np.ndarray:
         """Index of each digest here, or -1."""
@@ -228,7 +246,7 @@ def _digests(cols, rows: np.ndarray) -> np.ndarray:  # type: ignore[no-untyped-d
 def _scan_keys(read: _Read, below: int, slices: int, part: int, max_keys: int) -> tuple[_Latest, _Latest]:
     """The latest record served per key, and the latest record hidden as aborted per key,
     of the keys whose digest falls in slice ``part`` of ``slices``, among records below ``below``."""
-    served, hidden = _Latest(), _Latest()
+    served, hidden = _Latest(max_keys), _Latest(max_keys)
     for chunk in _chunks(read.log, below):
         data = ~chunk.is_control
         if not data.any():
@@ -248,7 +266,9 @@ def _scan_keys(read: _Read, below: int, slices: int, part: int, max_keys: int) -
                 batches.producer_ids[batch_of].astype(np.int64))
         for latest, wanted in ((served, state == _VISIBLE), (hidden, state == _ABORTED)):
             if wanted.any():
-                latest.merge(digests[wanted], *(a[wanted] for a in args), max_keys=max_keys)
+                latest.add(digests[wanted], *(a[wanted] for a in args))
+    served.settle()
+    hidden.settle()
     return served, hidden
 
 
@@ -427,6 +447,9 @@ def diverged_command(in_sync: tuple[Path, ...], replica: tuple[Path, ...], topic
     aborted, 4 read_committed frozen at a stale LSO. Read-only, safe next to live brokers.
     Exit 0 when the replicas agree, 1 when the replica has any (repair: kafka-cleaner refetch)."""
     reference, suspect = _replica(in_sync, "in-sync"), _replica(replica, "replica")
+    if reference.name == suspect.name:  # copies of one broker's dirs: name them by path
+        reference = Replica(f"{reference.name} ({in_sync[0]})", in_sync)
+        suspect = Replica(f"{suspect.name} ({replica[0]})", replica)
     findings: list[Finding] = []
     counts = dict.fromkeys(NAMES, 0)
     with exit_codes_for_errors():
