@@ -30,7 +30,7 @@ from cleaner.errors import (
     FileVanishedError,
     LogSegmentOffsetOverflowError,
 )
-from cleaner.records.batch import INT32_MAX, NO_TIMESTAMP
+from cleaner.records.batch import INT32_MAX, LOG_OVERHEAD, NO_TIMESTAMP
 from cleaner.records.scan import Batches, ScanResult, scan_batches
 from cleaner.storage import files, page_cache
 from cleaner.storage.index import DEFAULT_MAX_INDEX_SIZE, AbortedTxn, OffsetIndex, TimeIndex, TransactionIndex
@@ -542,7 +542,11 @@ class LogSegment:
     def first_batch(self) -> Batches | None:
         if self.size == 0:
             return None
-        head = self.read(0, min(self.size, DEFAULT_READ_CHUNK))
+        # The first entry alone (its length first): a read of a whole chunk here was a whole
+        # small segment read for one timestamp, on every segment of every scan.
+        head = self.read(0, min(self.size, LOG_OVERHEAD))
+        length = int.from_bytes(head[8:12], "big", signed=True) if len(head) == LOG_OVERHEAD else 0
+        head = self.read(0, min(self.size, LOG_OVERHEAD + max(length, 0), DEFAULT_READ_CHUNK))
         result = scan_batches(head, base_position=0, path=str(self.log_path), max_batches=1)
         if len(result.batches):
             return result.batches
