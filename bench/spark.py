@@ -58,6 +58,14 @@ def log_mb(root: Path) -> float:
     return sum(p.stat().st_size for p in root.rglob("*.log")) / 1e6
 
 
+def driver_io() -> tuple[int, int]:
+    """Bytes this process (the Spark driver: its Python tasks run in worker processes of
+    their own) has read and written through system calls so far (``/proc/self/io``)."""
+    with open("/proc/self/io") as f:
+        fields = dict(line.split(": ") for line in f.read().splitlines())
+    return int(fields["rchar"]), int(fields["wchar"])
+
+
 def timed(fn):
     started = time.perf_counter()
     value = fn()
@@ -178,13 +186,27 @@ def main() -> None:
             t, r = timed(lambda: compact(spark, [d], policy, now_ms=NOW, staging=tmp / f"stage{n[0]}"))
             return t, (d, r)
 
+        driver: dict[str, tuple[int, int]] = {}
+
         def spark_large():
             d = copy(big)
+            read0, wrote0 = driver_io()
             t, r = timed(lambda: compact_large(spark, d / "big-0-0", policy, now_ms=NOW, staging=tmp / f"stage{n[0]}"))
+            read1, wrote1 = driver_io()
+            driver["in place"] = (read1 - read0, wrote1 - wrote0)
             return t, (d, r)
+
+        def spark_large_output():
+            d = copy(big)
+            out = tmp / f"out{n[0]}"
+            read0, wrote0 = driver_io()
+            compact_large(spark, d / "big-0-0", policy, now_ms=NOW, staging=tmp / f"stage{n[0]}", output=out)
+            read1, wrote1 = driver_io()
+            driver["--output"] = (read1 - read0, wrote1 - wrote0)
 
         t_compact, (fleet_out, _) = best(args.repeat, spark_compact)
         t_large2, (big_out, large2) = best(args.repeat, spark_large)
+        spark_large_output()
         rows.append(("single node clean, fleet", f"{t_single_fleet:.2f} s"))
         rows.append(
             (
@@ -201,6 +223,12 @@ def main() -> None:
                 f"  identical: {files_of(big_out) == files_of(big_ref)}",
             )
         )
+
+        big_bytes = log_mb(big) * 1e6
+        for mode, (read, wrote) in driver.items():
+            rows.append((f"driver I/O, compact-large {mode}",
+                         f"read {read / 1e6:.1f} MB ({read / big_bytes:.0%} of the partition's "
+                         f"{big_bytes / 1e6:.0f} MB), wrote {wrote / 1e6:.1f} MB"))
 
         spark.stop()
         spark1 = spark_session("local[1,4]", app_name="bench-1")

@@ -237,7 +237,7 @@ class Cleaner:
         """For the map-building phase run in parallel (the Spark job): each dirty segment,
         the base offset of the next one (or the first uncleanable offset), and the
         transaction state at its start as the sequential map build would have it (from a
-        header-only replay)."""
+        header-only replay: ``LogSegment.transaction_batches``)."""
         start, end = ltc.first_dirty_offset, ltc.first_uncleanable_offset
         the_log = ltc.log
         dirty = the_log.segments_between(start, end)
@@ -248,7 +248,7 @@ class Cleaner:
         for segment, next_start in zip(dirty, next_starts, strict=True):
             out.append((segment, next_start, copy.deepcopy(state)))
             position = segment.lookup_position(start)
-            for chunk in self._chunks(segment, position, the_log.config.max_message_bytes):
+            for chunk in segment.transaction_batches(position, self.throttler.maybe_throttle):
                 _run_transactions(chunk, control_types(chunk), state)
         return out
 
@@ -283,7 +283,7 @@ class Cleaner:
             for i, segment in enumerate(group):
                 upper = group[i + 1].base_offset if i + 1 < len(group) else segment.read_next_offset()
                 state.add_aborted_transactions(the_log.collect_aborted_transactions(segment.base_offset, upper))
-                for chunk in self._chunks(segment, 0, the_log.config.max_message_bytes):
+                for chunk in segment.transaction_batches(0, self.throttler.maybe_throttle):
                     _run_transactions(chunk, control_types(chunk), state)
         return out
 

@@ -211,6 +211,14 @@ def _gather_headers(raw: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return rows.view(HEADER_DTYPE).reshape(-1).astype(NATIVE_HEADER_DTYPE)
 
 
+def batches_at(
+    buffer: bytes | bytearray | memoryview, positions: np.ndarray, *, path: str | None = None
+) -> Batches:
+    """v2 batches at known ``positions`` of ``buffer`` whose headers are there, though their
+    records need not be (a header-only read): what the header columns and ``header`` need."""
+    return Batches(buffer, positions, _gather_headers(np.frombuffer(buffer, dtype=np.uint8), positions), path=path)
+
+
 def scan_batches(
     buffer: bytes | bytearray | memoryview,
     start: int = 0,
