@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -157,7 +158,9 @@ def maybe_fail(faults: Mapping[str, Any] | None, point: str) -> None:
     """Fault injection: ``faults = {"fail_once": {"point": P, "marker": FILE}}`` (or a list
     of such) makes the first task reaching point P fail (the marker file, on storage every
     executor sees, records that it happened, so the retry succeeds); ``{"fail": P}`` fails
-    at P every time (a job or driver that dies there).
+    at P every time (a job or driver that dies there); ``{"hold": {"point": P, "until": FILE}}``
+    holds every task reaching P until FILE exists (a test kills what it wants meanwhile, and
+    does not race the job to it), failing after ``within_s`` (300) seconds without it.
 
     Points: ``phase1`` (a map task), ``phase2`` (a group's rewrite, after its segment is
     written, before it is staged), ``compact`` (a partition's task), ``before-manifest`` and
@@ -166,6 +169,13 @@ def maybe_fail(faults: Mapping[str, Any] | None, point: str) -> None:
         return
     if faults.get("fail") == point:
         raise InjectedFault(f"injected failure at {point}")
+    hold = faults.get("hold") or {}
+    if hold.get("point") == point:
+        release, deadline = Path(hold["until"]), time.monotonic() + float(hold.get("within_s", 300))
+        while not release.exists():
+            if time.monotonic() > deadline:
+                raise InjectedFault(f"held at {point}: {release} did not appear")
+            time.sleep(0.05)
     once = faults.get("fail_once") or []
     for spec in [once] if isinstance(once, Mapping) else once:
         if spec.get("point") != point:

@@ -31,6 +31,7 @@ from standalone_cluster import StandaloneCluster, wait_for
 import cleaner.spark.submit
 from cleaner.cli import main
 from cleaner.config import parse_policy_text
+from cleaner.spark.cli import FAULTS_ENV
 from cleaner.spark.report import STATUS_COLUMNS
 from cleaner.spark.staging import MANIFEST
 
@@ -107,12 +108,14 @@ def test_compact_on_the_cluster_is_byte_identical(cluster, tmp_path, fleet, flee
 
 
 def test_compact_large_survives_an_executor_killed_mid_phase(cluster, tmp_path, large, large_cleaned):
-    """Phase 2 has begun when a task made its attempt directory in the run's staging area,
-    and the job is still running while the manifest is not written: the executor JVM is
-    SIGKILLed in between. Its worker starts a new executor (a third executor directory of the
-    application), the lost tasks run again, and the round is the same bytes."""
+    """Phase 2 has begun when a task made its attempt directory in the run's staging area;
+    its tasks are held there (a fault-injection hold, released by a file) while the executor
+    JVM is SIGKILLed, so the job cannot finish first (it did once, in a fresh-clone CI run: the
+    whole phase ran between two looks). Its worker starts a new executor (a third executor
+    directory of the application), the lost tasks run again, and the round is the same bytes."""
     out = tmp_path / "out"
     staging = tmp_path / "staging"
+    release = tmp_path / "release-phase-2"
     policy = policy_file(tmp_path, LARGE_POLICY)
     apps_before = app_dirs(cluster)
     job = subprocess.Popen(
@@ -120,7 +123,7 @@ def test_compact_large_survives_an_executor_killed_mid_phase(cluster, tmp_path, 
             SUBMIT_APP, "compact-large", str(large / LARGE_TP.dir_name), "--policy", str(policy),
             "--output", str(out), "--staging", str(staging), "--now-ms", str(NOW),
         ),
-        env=cluster.env(),
+        env={**cluster.env(), FAULTS_ENV: json.dumps({"hold": {"point": "phase2", "until": str(release)}})},
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -137,6 +140,7 @@ def test_compact_large_survives_an_executor_killed_mid_phase(cluster, tmp_path, 
         (run,) = staging.iterdir()
         os.kill(pids[0], signal.SIGKILL)
         assert not (run / MANIFEST).exists(), "the job finished before the executor was killed"
+        release.touch()
         _, stderr = job.communicate(timeout=JOB_WITHIN_S)
     finally:
         if job.poll() is None:
