@@ -1,8 +1,9 @@
-"""``kafka-cleaner diverged`` (cleaner/manifestations.py) raises no false alarm: replicas in
-sync that their cleaners compacted to different points, tombstones and markers removed past
-their horizons on one and kept on the other, agree key by key, both ways round. The positive
-cases (each manifestation named on the replica that has it) are played on real clusters of both
-Kafka lines in tests/kafka/test_compaction_replication_race_kafka.py."""
+"""``kafka-cleaner diverged`` (cleaner/manifestations.py): each manifestation is named on two
+replicas written batch by batch as the race leaves them, on the suspect only; and no false
+alarm: replicas in sync that their cleaners compacted to different points, tombstones and
+markers removed past their horizons on one and kept on the other, agree key by key, both ways
+round. The same manifestations are played on real clusters of both Kafka lines in
+tests/kafka/test_compaction_replication_race_kafka.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from engine_helpers import all_batches, clean_round, make_cleaner, records_of
+from engine_helpers import ABORT, COMMIT, LogWriter, all_batches, clean_round, make_cleaner, records_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -107,3 +108,86 @@ def test_a_replica_without_the_partition_is_a_usage_error_naming_it(tmp_path: Pa
                            "--topic", "topic-0", "--partition", "0"], capture_output=True, text=True, check=False)
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"replica: topic-0-0 is not on {empty}" in done.stderr
+
+
+# -- each manifestation, on two replicas written batch by batch --------------------------------
+# The in-sync replica as its cleaner left it (what it removed is a gap in its offsets), the
+# suspect as it was when it went away plus what it fetched after it came back: the shapes the
+# real clusters of tests/kafka/test_compaction_replication_race_kafka.py leave.
+
+P = 7000
+
+
+def _replicas(tmp_path: Path, write_in_sync, write_suspect):  # type: ignore[no-untyped-def]
+    out = []
+    for name, write in (("in-sync", write_in_sync), ("suspect", write_suspect)):
+        writer = LogWriter(tmp_path / name / "accounts-0")
+        write(writer)
+        writer.close()
+        out.append(Replica(name, (tmp_path / name,)))
+    return out
+
+
+def _named(in_sync: Replica, suspect: Replica) -> list[tuple[int, str, int, bytes | None, int | None]]:
+    findings, counts = compare(in_sync, suspect, parse_partition_dir("accounts-0"))
+    assert sum(counts.values()) == len(findings)
+    assert compare(suspect, in_sync, parse_partition_dir("accounts-0"))[0] == [], "named on the in-sync replica"
+    return [(f.manifestation, f.replica, f.offset, f.key, f.producer_id) for f in findings]
+
+
+def test_1_deleted_data_reappears(tmp_path: Path) -> None:
+    def in_sync(w):  # type: ignore[no-untyped-def]
+        w.data([b"other"])
+        w.data([b"filler"], gap=2)  # the value (1) and its tombstone (2) removed by its cleaner
+
+    def suspect(w):  # type: ignore[no-untyped-def]
+        w.data([b"other"])
+        w.data([b"user-42"])  # away from here on; back, it fetched from 3
+        w.data([b"filler"], gap=1)
+
+    assert _named(*_replicas(tmp_path, in_sync, suspect)) == [(1, "suspect", 1, b"user-42", None)]
+
+
+def test_2_aborted_data_served_as_committed(tmp_path: Path) -> None:
+    def in_sync(w):  # type: ignore[no-untyped-def]
+        w.data([b"other"])
+        w.data([b"payment-8"], pid=P, txn=True, gap=2)  # the refund (1) and its ABORT (2) removed
+        w.marker(COMMIT, P)
+
+    def suspect(w):  # type: ignore[no-untyped-def]
+        w.data([b"other"])
+        w.data([b"payment-7"], pid=P, txn=True)  # the refund; the ABORT never came
+        w.data([b"payment-8"], pid=P, txn=True, gap=1)  # fetched: joins the open transaction
+        w.marker(COMMIT, P)
+
+    assert _named(*_replicas(tmp_path, in_sync, suspect)) == [(2, "suspect", 1, b"payment-7", P)]
+
+
+def test_3_committed_data_hidden_as_aborted(tmp_path: Path) -> None:
+    def in_sync(w):  # type: ignore[no-untyped-def]
+        # The balance (0), the committed deletion (1) and its COMMIT (2) removed by its cleaner.
+        w.data([b"account-4"], pid=P, txn=True, gap=3)
+        w.marker(ABORT, P)
+
+    def suspect(w):  # type: ignore[no-untyped-def]
+        w.data([b"account-3"], [b"balance:120"])
+        w.data([b"account-3"], [None], pid=P, txn=True)  # the deletion; the COMMIT never came
+        w.data([b"account-4"], pid=P, txn=True, gap=1)
+        w.marker(ABORT, P)  # ends the transaction from the deletion on
+
+    assert _named(*_replicas(tmp_path, in_sync, suspect)) == [(3, "suspect", 1, b"account-3", P)]
+
+
+def test_4_read_committed_frozen_at_a_stale_lso(tmp_path: Path) -> None:
+    def in_sync(w):  # type: ignore[no-untyped-def]
+        w.data([b"other"])
+        w.data([b"order-5"], [b"state:shipped"], gap=2)  # the paid state (1) and its COMMIT (2) removed
+        w.data([b"order-6"])
+
+    def suspect(w):  # type: ignore[no-untyped-def]
+        w.data([b"other"])
+        w.data([b"order-5"], [b"state:paid"], pid=P, txn=True)  # the COMMIT never came
+        w.data([b"order-5"], [b"state:shipped"], gap=1)
+        w.data([b"order-6"])
+
+    assert _named(*_replicas(tmp_path, in_sync, suspect)) == [(4, "suspect", 1, None, P)]
