@@ -30,7 +30,8 @@ from cleaner.clock import SYSTEM_TIME, FixedTime, Time
 from cleaner.config import Policy
 from cleaner.errors import KafkaCleanerError
 from cleaner.storage.lock import LogDirLock
-from cleaner.storage.staged import staged_segments, swap_in
+from cleaner.storage.log import Log
+from cleaner.storage.staged import assemble, staged_segments, swap_in
 
 from .commit import (
     commit_identity,
@@ -47,6 +48,7 @@ from .plan import (
     StalePlanError,
     dir_fingerprint,
     local_path,
+    log_config_for,
     open_managed,
     partition_of_dir,
     plan_round,
@@ -259,11 +261,20 @@ def commit(run: RunDir, manifest: Mapping[str, Any], policy: Policy) -> None:
         if not (run.path / "PUBLISHED").exists():
             if not ((run.path / "BUILT").exists() and not work.exists()):
                 shutil.rmtree(work, ignore_errors=True)
-                copy_tree(ref.path, work)
-                if staged:
-                    the_log = open_for_commit(work, rule, manifest["logStartOffset"])
-                    _check_unchanged(the_log, manifest)
-                    swap_in(the_log, staged, replaced)
+                source = Log.open(ref.path, log_config_for(rule), log_start_offset=manifest["logStartOffset"],
+                                  read_only=True)
+                try:
+                    _check_unchanged(source, manifest)
+                    interrupted = bool(source.pending_startup)
+                finally:
+                    source.close()
+                if interrupted:  # a swap left half done in the input: a broker's start-up finishes it first
+                    copy_tree(ref.path, work)
+                    if staged:
+                        the_log = open_for_commit(work, rule, manifest["logStartOffset"])
+                        swap_in(the_log, staged, replaced)
+                else:  # the unchanged segments only: the replaced ones are never copied
+                    assemble(ref.path, work, staged, replaced)
                 run.write_json("BUILT", {})
                 publish_dir(work, out / ref.tp.dir_name, run.path / "trash")
             run.write_json("PUBLISHED", {})

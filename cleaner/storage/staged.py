@@ -17,6 +17,7 @@ from pathlib import Path
 from cleaner.storage import files
 from cleaner.storage.loader import offset_of
 from cleaner.storage.log import Log
+from cleaner.storage.producer_state import snapshot_file_name
 from cleaner.storage.segment import CLEANED_SUFFIX, SEGMENT_FILE_SUFFIXES, LogSegment, file_name
 
 StagedSegment = tuple[int, dict[str, Path]]
@@ -74,3 +75,25 @@ def swap_in(log: Log, staged: list[StagedSegment], replaced: Iterable[int]) -> N
     ]
     old = [current[b] for b in sorted(replaced)]
     log.replace_segments(new, old, expected_generation=log.generation)
+
+
+def assemble(source: Path, target: Path, staged: list[StagedSegment], replaced: Iterable[int]) -> None:
+    """In ``target``, a directory no broker reads, the partition ``source`` as ``swap_in``
+    would leave it, without copying what the swap replaces: every file of ``source`` but the
+    replaced segments' and the producer snapshots at their bases (``replace_segments``
+    deletes those), and the staged segments under their final names. ``source`` must hold no
+    leftover of an interrupted swap (the caller opens it read-only first). Fsynced."""
+    replaced = set(replaced)
+    new_bases = {base for base, _ in staged}
+    gone = {file_name(b, kind) for b in replaced for kind in SEGMENT_FILE_SUFFIXES}
+    gone |= {snapshot_file_name(b) for b in replaced - new_bases}
+    target.mkdir(parents=True, exist_ok=True)
+    with os.scandir(source) as it:
+        for entry in it:
+            if entry.name in gone or not entry.is_file(follow_symlinks=False):
+                continue
+            files.copy_file(Path(entry.path), target / entry.name)
+    for base, kinds in staged:
+        for kind, src in kinds.items():
+            link_or_copy(src, target / file_name(base, kind))
+    files.fsync_dir(target)
