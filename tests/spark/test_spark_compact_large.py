@@ -76,3 +76,22 @@ def test_full_offset_map_ends_the_round_where_the_single_node_map_does(spark, tm
     assert seen == ends
     assert_same_partitions(expected, data, [tp])
     assert checkpoint(data)[tp] == checkpoint(expected)[tp]
+
+
+def test_an_input_with_a_swap_left_half_done_is_finished_first_in_the_output(spark, tmp_path, large, large_policy):
+    """--output builds the output from the segments the round keeps; an input that still holds
+    files of an interrupted swap (a ``.cleaned`` segment a broker's start-up deletes, a
+    ``.deleted`` one it removes) is copied whole and opened instead, so the output is what
+    ``kafka-cleaner clean`` makes of the same input, leftovers and all."""
+    source = copy_of(large, tmp_path / "source")
+    partition = source / LARGE_TP.dir_name
+    first, second = sorted(partition.glob("*.log"))[:2]
+    (partition / (second.name + ".cleaned")).write_bytes(first.read_bytes())  # a rewrite never swapped in
+    (partition / "00000000000000999999.log.deleted").write_bytes(b"gone")
+    expected = copy_of(source, tmp_path / "expected")
+    cleaning.clean([expected], large_policy, FixedTime(NOW))
+    out = tmp_path / "out"
+    result = compact_large(spark, partition, large_policy, output=out, now_ms=NOW)
+    assert result.status == "committed"
+    assert_same_partitions(expected, out, [LARGE_TP])
+    assert not [p.name for p in (out / LARGE_TP.dir_name).iterdir() if p.suffix in (".cleaned", ".deleted")]
