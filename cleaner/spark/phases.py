@@ -39,7 +39,7 @@ import shutil
 import tempfile
 import time as _time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -461,18 +461,66 @@ def _round_job(
     )
 
 
-def _first_offsets(sc: Any, scopes: list[KeyScope], reducers: int, faults: Mapping | None, acc: Any) -> dict:
-    """Per round, the first-occurrence offset of every key of its map (the map-full case)."""
+#: The map-full cut: bins of a histogram round, and the most first offsets the driver takes.
+HISTOGRAM_BINS = 4096
+MAX_COLLECTED_OFFSETS = 1 << 16
+
+
+def _histogram(first: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Counts of ``first`` in HISTOGRAM_BINS equal offset bins of [lo, hi)."""
+    inside = first[(first >= lo) & (first < hi)]
+    width = -(-(hi - lo) // HISTOGRAM_BINS)
+    return np.bincount((inside - lo) // width, minlength=HISTOGRAM_BINS)[:HISTOGRAM_BINS]
+
+
+def kth_smallest_by_histograms(k: int, lo: int, hi: int, histogram: Callable[[int, int], np.ndarray],
+                               collect: Callable[[int, int], list[np.ndarray]]) -> int:
+    """The k-th smallest (1-based) of distributed offsets in [lo, hi), from ``histogram(lo, hi)``
+    (their counts in HISTOGRAM_BINS equal bins of [lo, hi)) and ``collect(lo, hi)`` (the
+    offsets in [lo, hi)): narrows down to the bin holding the k-th until it holds at most
+    MAX_COLLECTED_OFFSETS (or is one offset wide), then collects that bin only."""
+    while True:
+        counts = histogram(lo, hi)
+        cumulative = np.cumsum(counts)
+        if cumulative[-1] < k:
+            raise ValueError(f"{int(cumulative[-1])} offsets in [{lo}, {hi}), fewer than k = {k}")
+        b = int(np.searchsorted(cumulative, k))  # the bin where the count reaches k
+        width = -(-(hi - lo) // HISTOGRAM_BINS)
+        lo, hi, k = lo + b * width, min(lo + (b + 1) * width, hi), k - (int(cumulative[b - 1]) if b else 0)
+        if counts[b] <= MAX_COLLECTED_OFFSETS or width == 1:
+            return _kth_smallest(collect(lo, hi), k)
+
+
+def _kth_first_offsets(sc: Any, scopes: list[KeyScope], reducers: int, faults: Mapping | None, acc: Any) -> dict:
+    """Per round, the ``max_keys``-th smallest first-occurrence offset of its map's keys: where
+    the single-node map fills up (the map-full case). The reducers keep their share of the
+    first offsets (cached); the driver narrows down on histograms of them (HISTOGRAM_BINS
+    counts per reducer a look) until the bin holding the k-th has at most
+    MAX_COLLECTED_OFFSETS, and takes only those: never a key's worth of anything per key, so
+    ``spark.driver.maxResultSize`` bounds nothing here (8 bytes a key were collected before)."""
     shared = sc.broadcast({s.index: s for s in scopes})
-    out: dict[int, list[np.ndarray]] = defaultdict(list)
-    rows = (
+    firsts = (
         _keys_by_reducer(sc, scopes, reducers, faults, acc, shared)
         .mapPartitionsWithIndex(lambda r, it: reduce_part(r, it, shared.value, None, acc))
-        .collect()
+        .filter(lambda row: row[0][1] == "firsts")
+        .map(lambda row: (row[0][2], blocks.unpack(row[1])["first"]))
+        .persist()
     )
-    for (_, kind, i, _r), value in rows:
-        if kind == "firsts":
-            out[i].append(blocks.unpack(value)["first"])
+    out: dict[int, int] = {}
+    try:
+        for scope in scopes:
+            plan = scope.round
+            assert plan is not None
+            mine = firsts.filter(lambda kv, i=scope.index: kv[0] == i).values()
+            end = mine.map(lambda a: int(a.max()) + 1 if len(a) else 0).max()
+            out[scope.index] = kth_smallest_by_histograms(
+                plan.max_keys, plan.first_dirty_offset, end,
+                lambda lo, hi, mine=mine: mine.map(lambda a: _histogram(a, lo, hi)).fold(
+                    np.zeros(HISTOGRAM_BINS, dtype=np.int64), np.add),
+                lambda lo, hi, mine=mine: mine.map(lambda a: a[(a >= lo) & (a < hi)]).collect(),
+            )  # fmt: skip
+    finally:
+        firsts.unpersist()
     return out
 
 
@@ -524,14 +572,14 @@ def run_rounds(
     # Rounds whose map would have filled up: where exactly, then those rounds again.
     full = [s for s in scopes if s.round is not None and any(r.get("overflow") for r in results[s.index])]
     if full:
-        firsts = _first_offsets(sc, full, reducers, faults, acc)
+        kth = _kth_first_offsets(sc, full, reducers, faults, acc)
         cut = []
         for scope in full:
             plan = scope.round
             assert plan is not None
             log = open_planned_log(plan)
             cleaner = task_cleaner(plan.io_buffer_size, plan.max_io_buffer_size, None, plan.now)
-            first_refused = _kth_smallest(firsts[scope.index], plan.max_keys)
+            first_refused = kth[scope.index]
             stop = map_stop(plan, log, cleaner, first_refused)
             if stop is not None and (scope.cutoff is None or stop[0] < scope.cutoff):
                 plan.map_stop_offset = stop[0]
