@@ -33,7 +33,9 @@ def spark():
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     from cleaner.spark.session import spark_session
 
-    session = spark_session("local[2,4]", app_name="kafka-cleaner-tests")
+    # A driver that may take 1 MiB of task results in all: every job here must keep per-key
+    # data off the driver (issue 28; test_a_map_full_of_many_keys_is_cut_on_the_executors).
+    session = spark_session("local[2,4]", app_name="kafka-cleaner-tests", conf={"spark.driver.maxResultSize": "1m"})
     yield session
     session.stop()
 

@@ -11,6 +11,7 @@ from spark_helpers import DAY, LARGE_TP, NOW, assert_same_partitions, checkpoint
 from cleaner import cleaning
 from cleaner.clock import FixedTime
 from cleaner.config import parse_policy_text
+from cleaner.generate import GeneratorConfig, generate
 from cleaner.spark.compact_large import compact_large
 from cleaner.storage.log import Log
 from cleaner.storage.topic_partition import TopicPartition
@@ -95,3 +96,30 @@ def test_an_input_with_a_swap_left_half_done_is_finished_first_in_the_output(spa
     assert result.status == "committed"
     assert_same_partitions(expected, out, [LARGE_TP])
     assert not [p.name for p in (out / LARGE_TP.dir_name).iterdir() if p.suffix in (".cleaned", ".deleted")]
+
+
+def test_a_map_full_of_many_keys_is_cut_on_the_executors(spark, tmp_path):
+    """300,000 distinct keys through a map of about 120,000: every round ends where the single-node
+    map fills up, with the driver's task results capped at 1 MiB (the session's
+    spark.driver.maxResultSize). Collecting each key's first offset to the driver, as the cut did
+    before, aborted this job (1424 KiB of results); it now comes from histograms."""
+    data = tmp_path / "data"
+    generate(data, GeneratorConfig(topics=1, partitions=1, records=300_000, keys=300_000, key_skew=0.0,
+                                   value_bytes=8, tombstones=0.0, compression="none", segment_bytes=1 << 20,
+                                   now_ms=NOW))  # fmt: skip
+    policy = parse_policy_text(
+        "topics:\n  - match: '.*'\n    cleanupPolicy: compact\n    minCleanableDirtyRatio: 0.01\n"
+        "cleaner:\n  dedupeBufferSize: 3200000\n"
+    )
+    tp = TopicPartition("topic-0", 0)
+    expected = copy_of(data, tmp_path / "expected")
+    ends = [r.end_offset for r in cleaning.clean([expected], policy, FixedTime(NOW)).results]
+    assert len(ends) >= 2, ends  # the map filled up
+    seen = []
+    for _ in range(len(ends) + 1):
+        result = compact_large(spark, data / tp.dir_name, policy, now_ms=NOW)
+        if result.status != "committed":
+            break
+        seen.append(result.end_offset)
+    assert seen == ends
+    assert_same_partitions(expected, data, [tp])
