@@ -7,10 +7,9 @@ merging and searching are plain numpy calls. A block is a few columns of such ar
 packed into one ``bytes`` blob: a map task sends one blob per reducer, never one Python
 object per record.
 
-The digest space is partitioned by the digest's first byte (as the engine's map partitions
-its table): reducer ``r`` of ``R`` receives the digests whose first byte ``b`` has
-``b * R // 256 == r``, so concatenating the reducers' sorted outputs in reducer order is
-sorted again.
+The digest space is partitioned by the digest's top 32 bits: reducer ``r`` of ``R`` receives
+the digests whose top 32 bits ``t`` have ``t * R >> 32 == r``, so concatenating the reducers'
+sorted outputs in reducer order is sorted again, and there may be far more than 256 reducers.
 """
 
 from __future__ import annotations
@@ -96,8 +95,8 @@ def _run_starts(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
 
 
 def reducer_of(hi: np.ndarray, reducers: int) -> np.ndarray:
-    """Reducer index of each digest: by its first byte."""
-    return ((hi >> np.uint64(56)).astype(np.int64) * reducers) >> 8
+    """Reducer index of each digest: by its top 32 bits (module doc)."""
+    return ((hi >> np.uint64(32)).astype(np.int64) * reducers) >> 32
 
 
 @dataclass

@@ -10,7 +10,7 @@ engine's ``Cleaner.segment_keys`` and sends, per reducer, one blob of numpy colu
   which is what the rewrite may ask the map about; a superset is harmless, a lookup of a
   key the map holds returns the map's answer) as a sorted set.
 
-Reducers own the digest space by first byte. Per partition they merge the map keys into key
+Reducers own ranges of the digest space (``blocks.reducer_of``). Per partition they merge the map keys into key
 -> (first, last) - the offset map - and intersect it with each group's lookup keys: the
 group's *keep-list*, the only part of the map the group's rewrite needs.
 
@@ -170,6 +170,21 @@ def _slices_by_reducer(hi: np.ndarray, reducers: int) -> list[tuple[int, int, in
     r = blocks.reducer_of(hi, reducers)
     bounds = np.searchsorted(r, np.arange(reducers + 1), side="left")
     return [(k, int(bounds[k]), int(bounds[k + 1])) for k in range(reducers) if bounds[k + 1] > bounds[k]]
+
+
+#: Spark configuration: the log bytes one task reads (phase 1) or rewrites (phase 2), and the
+#: log bytes (read by phase 1) whose keys one reducer merges. Parallelism follows the data: at least
+#: these many tasks, and never fewer than the cluster's cores at submit time (a small job
+#: still uses them all).
+TASK_BYTES_CONF, TASK_BYTES_DEFAULT = "spark.kafkaCleaner.taskBytes", "256m"
+REDUCER_BYTES_CONF, REDUCER_BYTES_DEFAULT = "spark.kafkaCleaner.reducerBytes", "1g"
+
+
+def sized(sc: Any, total_bytes: int, conf: str, default: str, least: int) -> int:
+    """How many tasks for ``total_bytes`` of work: one per ``conf`` bytes (a Spark size:
+    ``256m``, ``1g``), at least ``least``."""
+    per_task = max(int(sc._jsc.sc().conf().getSizeAsBytes(conf, default)), 1)
+    return max(least, -(-total_bytes // per_task))
 
 
 def balance(items: Sequence[tuple[Any, int]], slices: int) -> list[list[Any]]:
@@ -420,7 +435,9 @@ def _list_accumulator(sc: Any) -> Any:
 
 def _keys_by_reducer(sc: Any, scopes: list[KeyScope], reducers: int, faults: Mapping | None, acc: Any, shared: Any):
     """Phase 1's map stage, shuffled to the reducers (digest-space partitions)."""
-    slices = balance(key_tasks(scopes), sc.defaultParallelism * 2) or [[]]
+    tasks = key_tasks(scopes)
+    count = sized(sc, sum(size for _, size in tasks), TASK_BYTES_CONF, TASK_BYTES_DEFAULT, sc.defaultParallelism * 2)
+    slices = balance(tasks, count) or [[]]
     return (
         sc.parallelize(slices, len(slices))
         .flatMap(lambda sl: map_slice(sl, shared.value, reducers, faults, acc))
@@ -443,7 +460,8 @@ def _round_job(
         if s.round is not None
         for g in range(len(s.round.groups))
     ]
-    slices = balance(groups, sc.defaultParallelism * 2) or [[]]
+    count = sized(sc, sum(size for _, size in groups), TASK_BYTES_CONF, TASK_BYTES_DEFAULT, sc.defaultParallelism * 2)
+    slices = balance(groups, count) or [[]]
     slice_of = {key: n for n, members in enumerate(slices) for key in members}
     round_slices: dict[int, list[int]] = defaultdict(list)
     for (i, _), n in sorted(slice_of.items()):
@@ -553,7 +571,8 @@ def run_rounds(
     single-node map would fill up, the round's end is computed and those rounds run again
     cut there. With ``run``, cleaned groups are staged in ``run.done``; without, a dry run."""
     sc = spark.sparkContext
-    reducers = reducers or max(2, sc.defaultParallelism)
+    read = sum(size for _, size in key_tasks(scopes))  # what phase 1 reads: the keys the reducers merge
+    reducers = reducers or sized(sc, read, REDUCER_BYTES_CONF, REDUCER_BYTES_DEFAULT, max(2, sc.defaultParallelism))
     out = RoundsOutcome()
     if not scopes:
         return out

@@ -77,3 +77,16 @@ def test_balance_spreads_weight_and_keeps_order():
     assert all(s == sorted(s) for s in slices)
     loads = sorted(sum(dict(items)[i] for i in s) for s in slices)
     assert loads[-1] == 90
+
+
+@given(st.integers(1, 5000), st.integers(0, 2**32 - 1))
+def test_reducers_own_contiguous_digest_ranges_and_may_be_more_than_256(reducers, seed):
+    """Sorted digests fall to reducers in order (their sorted outputs concatenate sorted), every
+    index is a reducer, and with many digests every reducer gets some: more than the 256 a
+    first byte could address."""
+    hi = np.sort(np.random.default_rng(seed).integers(0, 2**64, size=50_000, dtype=np.uint64))
+    r = blocks.reducer_of(hi, reducers)
+    assert (np.diff(r) >= 0).all()
+    assert r.min() >= 0 and r.max() < reducers
+    if reducers <= 1000:
+        assert len(np.unique(r)) == reducers
