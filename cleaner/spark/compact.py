@@ -23,6 +23,7 @@ and copied as they are under ``--output``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -66,6 +67,7 @@ from .plan import (
     root_fingerprint,
     run_id,
 )
+from .session import task_io_rate
 from .staging import (
     COMMITTED,
     MANIFEST,
@@ -249,7 +251,10 @@ def _run_tasks(
     weighted = [(t, sum(size for _, size, _ in dir_fingerprint(t.ref.path))) for t in tasks]
     # One task per partition; the biggest start first.
     ordered = [t for t, _ in sorted(weighted, key=lambda tw: -tw[1])]
-    shared_policy = sc.broadcast(policy)
+    # Each executor's tasks share the policy's maxIoBytesPerSecond.
+    rate = task_io_rate(sc, policy.cleaner.max_io_bytes_per_second)
+    shared_policy = sc.broadcast(dataclasses.replace(policy, cleaner=dataclasses.replace(
+        policy.cleaner, max_io_bytes_per_second=rate)))  # fmt: skip
     run_root = (str(run.root), run.id)
     results = (
         sc.parallelize(ordered, len(ordered))

@@ -71,6 +71,7 @@ from .plan import (
     set_end_offset,
     transaction_state,
 )
+from .session import task_io_rate
 from .staging import RunDir, finish_attempt, maybe_fail, new_attempt_dir
 
 
@@ -577,6 +578,9 @@ def run_rounds(
     if not scopes:
         return out
     acc = _list_accumulator(sc)
+    for scope in scopes:  # each executor's tasks share the policy's rate
+        if scope.round is not None:
+            scope.round.io_max_bytes_per_second = task_io_rate(sc, scope.round.io_max_bytes_per_second)
     scopes = [_cut_at_offset_limit(s) if s.round is not None else s for s in scopes]
     started = _time.time()
     rows = _round_job(sc, scopes, reducers, run, faults, acc)

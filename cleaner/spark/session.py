@@ -97,3 +97,24 @@ def check_session(spark: Any) -> None:
     """Refuse a session the exactly-once protocol was not designed for."""
     if spark.sparkContext.getConf().get("spark.speculation", "false").strip().lower() == "true":
         raise KafkaCleanerError("spark.speculation must be false for kafka-cleaner's Spark jobs")
+
+
+def tasks_per_executor(sc: Any) -> int:
+    """How many of a job's tasks one executor runs at once: its cores over
+    ``spark.task.cpus`` (in local mode, the one executor has the master's cores; in a cluster
+    without ``spark.executor.cores``, an executor takes its worker's cores: the cores at
+    submit time over the executors)."""
+    conf = sc.getConf()
+    task_cpus = max(int(conf.get("spark.task.cpus", "1")), 1)
+    cores = conf.get("spark.executor.cores")
+    if sc.master.startswith("local") or cores is None:
+        executors = 1 if sc.master.startswith("local") else max(sc._jsc.sc().getExecutorMemoryStatus().size() - 1, 1)
+        return max(sc.defaultParallelism // executors // task_cpus, 1)
+    return max(int(cores) // task_cpus, 1)
+
+
+def task_io_rate(sc: Any, rate: float | None) -> float | None:
+    """A task's share of the policy's ``maxIoBytesPerSecond``: the rate is each executor's (as
+    Kafka's is each broker's, shared by its cleaner threads), divided among the tasks it runs
+    at once."""
+    return None if rate is None else rate / tasks_per_executor(sc)

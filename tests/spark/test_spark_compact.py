@@ -15,6 +15,7 @@ from spark_helpers import LARGE_TP, NOW, assert_same_partitions, checkpoint, com
 from cleaner.cli import main
 from cleaner.errors import LogDirLockedError
 from cleaner.spark.compact import compact, root_keys, segment_diff
+from cleaner.spark.session import task_io_rate, tasks_per_executor
 from cleaner.spark.staging import STAGING_DIR_NAME
 from cleaner.storage.topic_partition import TopicPartition
 
@@ -139,3 +140,11 @@ def test_segment_diff_names_new_and_replaced_segments():
     }
     assert segment_diff(before, after) == ([0], [0, 10], [])
     assert segment_diff(before, {**after, "leader-epoch-checkpoint": 9})[2] == ["leader-epoch-checkpoint"]
+
+
+def test_the_io_rate_is_each_executors_shared_by_its_tasks(spark):
+    """maxIoBytesPerSecond is per executor, as Kafka's is per broker: the test session's one
+    executor runs two tasks at once (local[2]), so each task gets half."""
+    assert tasks_per_executor(spark.sparkContext) == 2
+    assert task_io_rate(spark.sparkContext, 10_000_000.0) == 5_000_000.0
+    assert task_io_rate(spark.sparkContext, None) is None
