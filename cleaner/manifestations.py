@@ -35,9 +35,10 @@ Only records below both replicas' high watermarks are judged (a record the suspe
 fetched yet is lag, not divergence), and none below the in-sync replica's log start (retention
 runs on each broker at times of its own). Keys are compared by digest (the offset map's xxh3-128),
 a slice of the key space at a time: memory is bounded by ``max_keys``, not by the log; a
-partition with more keys is read once per slice. Not judged: legacy (v0/v1) batches (no
-transactions; their tombstones are judged as v2's are not) and divergent history, which the
-operator's replica comparison names (``divergentBatch``).
+partition with more keys is read once per slice. Not judged: legacy (v0/v1) batches, which
+are skipped (a log of brokers before 0.11: no transactions, and its values and tombstones
+are not compared), and divergent history, which the operator's replica comparison names
+(``divergentBatch``).
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def _open(replica: Replica, tp: TopicPartition) -> _Read:
         firsts.append(txn.first_offset)
         lasts.append(txn.last_offset)
     open_txns: dict[int, int] = {}
-    for chunk in _chunks(log, hw):
+    for chunk in _transaction_chunks(log, hw):
         controls = control_types(chunk)
         for i in np.flatnonzero(chunk.is_transactional).tolist():
             producer = int(chunk.producer_ids[i])
@@ -166,6 +167,18 @@ def _chunks(log: Log, below: int) -> Iterator:  # type: ignore[type-arg]
                 return
             continue
         yield chunk if keep.all() else chunk.select(keep)
+
+
+def _transaction_chunks(log: Log, below: int) -> Iterator:  # type: ignore[type-arg]
+    """The log's transactional and control batches below ``below``, read header by header
+    (``LogSegment.transaction_batches``: the control batches whole, the others' headers)."""
+    for segment in log.segments:
+        if segment.base_offset >= below:
+            return
+        for chunk in segment.transaction_batches():
+            keep = chunk.base_offsets < below
+            if keep.any():
+                yield chunk if keep.all() else chunk.select(keep)
 
 
 def _batch_states(read: _Read, chunk) -> np.ndarray:  # type: ignore[no-untyped-def]
@@ -279,7 +292,7 @@ def _ended_here(read: _Read, open_txns: dict[int, int], fetched_up_to: int) -> d
     firsts = np.array(sorted(open_txns.values()), dtype=np.int64)
     held: set[int] = set()
     later_marker: set[int] = set()
-    for chunk in _chunks(read.log, read.high_watermark):
+    for chunk in _transaction_chunks(read.log, read.high_watermark):
         i = np.searchsorted(chunk.base_offsets, firsts, side="right") - 1
         at = np.maximum(i, 0)  # an emptied batch (a header the cleaner kept) tells a fetcher nothing
         inside = (i >= 0) & (firsts <= chunk.last_offsets[at]) & (chunk.records_counts[at] > 0)
