@@ -7,10 +7,11 @@ distributed phases (``cleaner.spark.phases``), committed by the driver.
 2. Phase 1 builds the offset map across executors; the driver finds where the
    single-node map would have filled up, so the round ends at the same offset.
 3. Phase 2 rewrites the groups in parallel into staged ``.cleaned`` segments.
-4. After the job succeeded, the driver writes the manifest, then commits from it: the
-   staged segments are swapped in with Kafka's protocol (in place, or into a copy that is
-   published under ``--output``) and the ``cleaner-offset-checkpoint`` gets the round's
-   end offset, as ``doneCleaning`` writes it.
+4. After the job succeeded, the driver writes the manifest, then commits from it: in place,
+   the staged segments are swapped in with Kafka's protocol; under ``--output``, the
+   partition as that swap would leave it is assembled from the kept segments and the staged
+   ones (``staged.assemble``) and published with a rename. The ``cleaner-offset-checkpoint``
+   gets the round's end offset, as ``doneCleaning`` writes it.
 
 The result is byte-identical to ``kafka-cleaner clean``'s first round on the same
 partition and clock.
