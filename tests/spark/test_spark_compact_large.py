@@ -54,6 +54,18 @@ def test_two_rounds_byte_identical_copy_on_write_then_in_place(spark, tmp_path, 
     assert snapshot_dir(out) == snapshot
 
 
+def _rounds_until_done(spark, partition_dir, policy, at_most: int) -> list[int]:  # type: ignore[no-untyped-def]
+    """compact-large in place, round after round while it commits (at most ``at_most``): the
+    rounds' end offsets."""
+    ends = []
+    for _ in range(at_most):
+        result = compact_large(spark, partition_dir, policy, now_ms=NOW)
+        if result.status != "committed":
+            break
+        ends.append(result.end_offset)
+    return ends
+
+
 def test_full_offset_map_ends_the_round_where_the_single_node_map_does(spark, tmp_path, fleet):
     """A dedupe buffer holding ~60% of a partition's keys: each round stops where Kafka's
     map fills up, so rounds repeat until nothing is eligible; the rounds in Spark (in place)
@@ -68,13 +80,7 @@ def test_full_offset_map_ends_the_round_where_the_single_node_map_does(spark, tm
     ends = [r.end_offset for r in outcome.results if r.topic_partition == tp]
     assert len(ends) >= 2  # the map filled up at least once
 
-    seen = []
-    for _ in range(len(ends) + 1):
-        result = compact_large(spark, data / tp.dir_name, policy, now_ms=NOW)
-        if result.status != "committed":
-            break
-        seen.append(result.end_offset)
-    assert seen == ends
+    assert _rounds_until_done(spark, data / tp.dir_name, policy, len(ends) + 1) == ends
     assert_same_partitions(expected, data, [tp])
     assert checkpoint(data)[tp] == checkpoint(expected)[tp]
 
@@ -115,11 +121,5 @@ def test_a_map_full_of_many_keys_is_cut_on_the_executors(spark, tmp_path):
     expected = copy_of(data, tmp_path / "expected")
     ends = [r.end_offset for r in cleaning.clean([expected], policy, FixedTime(NOW)).results]
     assert len(ends) >= 2, ends  # the map filled up
-    seen = []
-    for _ in range(len(ends) + 1):
-        result = compact_large(spark, data / tp.dir_name, policy, now_ms=NOW)
-        if result.status != "committed":
-            break
-        seen.append(result.end_offset)
-    assert seen == ends
+    assert _rounds_until_done(spark, data / tp.dir_name, policy, len(ends) + 1) == ends
     assert_same_partitions(expected, data, [tp])
