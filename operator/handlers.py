@@ -411,6 +411,18 @@ class Operator:
             new["rollout"] = rollout
         if previous.get("raceGuard"):
             new["raceGuard"] = previous["raceGuard"]
+        # The gauges first: whoever reads this round's status finds the same round in /metrics.
+        summary = new["summary"]
+        metrics.BROKERS_EXPECTED.labels(namespace, name).set(summary["brokersExpected"])
+        metrics.BROKERS_REPORTING.labels(namespace, name).set(summary["brokersReporting"])
+        stale = sum(1 for e in new["brokers"].values() if e.get("missedReports", 0) >= 3)
+        metrics.STALE_BROKERS.labels(namespace, name).set(stale)
+        metrics.DIVERGING_PARTITIONS.labels(namespace, name).set(summary["divergingPartitions"])
+        stalled = next((c for c in new["conditions"] if c["type"] == "Stalled"), {})
+        metrics.ROLLOUT_STALLED.labels(namespace, name).set(
+            1 if stalled.get("status") == "True" and stalled.get("reason") in ROLLOUT_STALL_REASONS else 0)
+        metrics.ROLLOUT_PENDING_PODS.labels(namespace, name).set(rollout.get("pending", 0))
+        metrics.SIDECAR_FAILING_PODS.labels(namespace, name).set(len(broken))
         await self._write_status(state, namespace, name, previous, new)
         self._announce(body, previous, new, logger)
         if scrapes is not None:  # the replication race (issue 24): gauge and Events from this round's reports
@@ -423,17 +435,6 @@ class Operator:
                 kopf.event(body, type=type_, reason=reason, message=message)
             if self.config.race_guard_bootstrap and policy is not None:
                 await self._race_guard(body, state, policy, pods or [], scrapes)
-        summary = new["summary"]
-        metrics.BROKERS_EXPECTED.labels(namespace, name).set(summary["brokersExpected"])
-        metrics.BROKERS_REPORTING.labels(namespace, name).set(summary["brokersReporting"])
-        stale = sum(1 for e in new["brokers"].values() if e.get("missedReports", 0) >= 3)
-        metrics.STALE_BROKERS.labels(namespace, name).set(stale)
-        metrics.DIVERGING_PARTITIONS.labels(namespace, name).set(summary["divergingPartitions"])
-        stalled = next((c for c in new["conditions"] if c["type"] == "Stalled"), {})
-        metrics.ROLLOUT_STALLED.labels(namespace, name).set(
-            1 if stalled.get("status") == "True" and stalled.get("reason") in ROLLOUT_STALL_REASONS else 0)
-        metrics.ROLLOUT_PENDING_PODS.labels(namespace, name).set(rollout.get("pending", 0))
-        metrics.SIDECAR_FAILING_PODS.labels(namespace, name).set(len(broken))
 
     async def _race_guard(self, body: Mapping[str, Any], state: PolicyState, policy: Policy,
                           pods: Sequence[BrokerPod], scrapes: Mapping[str, Scrape]) -> None:

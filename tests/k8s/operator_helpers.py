@@ -168,11 +168,14 @@ class ApiCluster:
         items = listed.get("items", [])
         return [(e["involvedObject"].get("kind", ""), e["reason"], e.get("message", "")) for e in items]
 
-    def wait_for_event(self, kind: str, reason: str, timeout: float = 45.0) -> str:
-        """The message of an Event with this kind and reason, once it is there: kopf posts Events
-        from a queue of its own, after the change that caused them may already be visible."""
-        return wait_for(lambda: next((m for k, r, m in self.events() if (k, r) == (kind, reason)), None),
-                        timeout=timeout, what=f"a {reason} Event on a {kind}")  # fmt: skip
+    def wait_for_event(self, kind: str, reason: str, timeout: float = 45.0, containing: str = "") -> str:
+        """The message of an Event with this kind and reason (and, given, a message containing
+        that text), once it is there: kopf posts Events from a queue of its own, after the
+        change that caused them may already be visible. ``containing`` tells one Event from an
+        earlier one of the same reason, which may be listed first."""
+        return wait_for(lambda: next((m for k, r, m in self.events() if (k, r) == (kind, reason) and containing in m),
+                                     None),
+                        timeout=timeout, what=f"a {reason} Event on a {kind} containing {containing!r}")  # fmt: skip
 
 
 def scrape_metrics(port: int) -> str:
