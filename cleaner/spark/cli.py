@@ -79,13 +79,15 @@ def _run_job(
     now_ms: int | None,
     staging: Path | None,
     master: str | None,
+    **options: Any,
 ) -> Any:
     """A compacting job on ``target`` with the options both compact commands share."""
     policy = load_policy_or_exit(policy_path)
     spark = _session(master)
     with exit_codes_for_errors():
         time = clock_for(now_ms)
-        return job(spark, target, policy, output=output, now_ms=now_ms, staging=staging, faults=_faults(), time=time)
+        return job(spark, target, policy, output=output, now_ms=now_ms, staging=staging, faults=_faults(), time=time,
+                   **options)  # fmt: skip
 
 
 @click.group("spark")
@@ -190,6 +192,8 @@ def compact_command(
 @now_option
 @staging_option
 @master_option
+@click.option("--max-rounds", type=click.IntRange(min=1), default=None,
+              help="Stop after this many rounds (default: while the partition is eligible, as clean does).")
 @json_option
 def compact_large_command(
     partition_dir: Path,
@@ -198,22 +202,32 @@ def compact_large_command(
     now_ms: int | None,
     staging: Path | None,
     master: str | None,
+    max_rounds: int | None,
     as_json: bool,
 ) -> None:
-    """One cleaning round of one huge partition in two distributed phases (offset map,
-    then the segment groups), committed with Kafka's swap protocol. With --output the
-    cleaned partition is written to OUTPUT/<partition> (OUTPUT is a log dir); without it
-    the partition is cleaned in place."""
+    """Cleaning rounds of one huge partition, each in two distributed phases (offset map,
+    then the segment groups) committed with Kafka's swap protocol, until it is no longer
+    eligible: a round ends early where the offset map fills up, and the next one goes on
+    from there. With --output the cleaned partition is written to OUTPUT/<partition> (OUTPUT
+    is a log dir) and the later rounds run there; without it the partition is cleaned in
+    place."""
     from .compact_large import compact_large
 
-    result = _run_job(compact_large, partition_dir, policy_path, output, now_ms, staging, master)
-    summary = result.as_dict()
+    outcome = _run_job(compact_large, partition_dir, policy_path, output, now_ms, staging, master,
+                       max_rounds=max_rounds)  # fmt: skip
+    summary = outcome.as_dict()
     if as_json:
         click.echo(json.dumps(summary, indent=2))
-    else:
+        return
+    for n, r in enumerate(summary["rounds"], 1):
         click.echo(
-            f"{summary['partition']}: {summary['status']} (run {summary['runId']}); dirty section "
-            f"[{summary['firstDirtyOffset']}, {summary['endOffset']}), {summary['groups']} group(s), "
-            f"{binary_bytes(summary['bytesBefore'])} -> {binary_bytes(summary['bytesAfter'])}; "
-            + ", ".join(f"{phase} {secs:.2f} s" for phase, secs in summary["seconds"].items())
+            f"round {n}: {r['status']} (run {r['runId']}); dirty section "
+            f"[{r['firstDirtyOffset']}, {r['endOffset']}), {r['groups']} group(s), "
+            f"{binary_bytes(r['bytesBefore'])} -> {binary_bytes(r['bytesAfter'])}; "
+            + ", ".join(f"{phase} {secs:.2f} s" for phase, secs in r["seconds"].items())
         )
+    click.echo(
+        f"{summary['partition']}: {summary['status']}, {len(summary['rounds'])} round(s), clean up to "
+        f"{summary['endOffset']}; .log bytes {binary_bytes(summary['sizeBefore'])} -> "
+        f"{binary_bytes(summary['sizeAfter'])}"
+    )

@@ -1,5 +1,6 @@
-"""``kafka-cleaner spark compact-large``: one huge partition, one cleaning round in two
-distributed phases (``cleaner.spark.phases``), committed by the driver.
+"""``kafka-cleaner spark compact-large``: one huge partition, cleaned round after round -
+each round in two distributed phases (``cleaner.spark.phases``), committed by the driver -
+until it is no longer eligible, as ``kafka-cleaner clean`` runs rounds. A round:
 
 1. The driver plans the round with the engine (``cleaner.spark.plan``): first dirty and
    first uncleanable offsets, active producers, the legacy delete horizon, the transaction
@@ -13,8 +14,11 @@ distributed phases (``cleaner.spark.phases``), committed by the driver.
    ones (``staged.assemble``) and published with a rename. The ``cleaner-offset-checkpoint``
    gets the round's end offset, as ``doneCleaning`` writes it.
 
-The result is byte-identical to ``kafka-cleaner clean``'s first round on the same
-partition and clock.
+The rounds after the first run in place on the partition the first committed: the input's
+(holding its log dir's ``.lock``) or, under ``--output``, the output's. Each round is its own
+run (``cleaner.spark.staging``) with its own plan; a round stops early where the
+single-node offset map fills up, and the next one starts there. The result is
+byte-identical to ``kafka-cleaner clean`` on the same partition and clock.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ log = logging.getLogger("cleaner.spark.compact_large")
 
 @dataclass
 class CompactLargeResult:
+    """One round: one run, one plan, one commit."""
+
     run_id: str
     status: str
     """committed, already-committed, not-eligible or nothing-to-clean"""
@@ -94,6 +100,60 @@ class CompactLargeResult:
         }
 
 
+@dataclass
+class CompactLargeOutcome:
+    """The rounds of one invocation, in order. ``status`` and ``run_id`` are the first
+    round's (``committed`` if any round was), ``end_offset`` the last committed round's: where
+    the partition is clean up to now."""
+
+    rounds: list[CompactLargeResult]
+    size_before: int
+    """the partition's ``.log`` bytes before the first round"""
+    size_after: int
+    """and after the last: of the output's partition under ``--output``"""
+
+    @property
+    def first(self) -> CompactLargeResult:
+        return self.rounds[0]
+
+    @property
+    def committed(self) -> list[CompactLargeResult]:
+        return [r for r in self.rounds if r.status == "committed"]
+
+    @property
+    def status(self) -> str:
+        return "committed" if self.committed else self.first.status
+
+    @property
+    def run_id(self) -> str:
+        return self.first.run_id
+
+    @property
+    def groups(self) -> list[dict[str, Any]]:
+        """The first round's groups."""
+        return self.first.groups
+
+    @property
+    def first_dirty_offset(self) -> int | None:
+        return self.first.first_dirty_offset
+
+    @property
+    def end_offset(self) -> int | None:
+        return self.committed[-1].end_offset if self.committed else self.first.end_offset
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "runId": self.run_id,
+            "status": self.status,
+            "partition": self.first.partition,
+            "firstDirtyOffset": self.first_dirty_offset,
+            "endOffset": self.end_offset,
+            "sizeBefore": self.size_before,
+            "sizeAfter": self.size_after,
+            "rounds": [r.as_dict() for r in self.rounds],
+        }
+
+
 def default_staging(output: Path | None, log_dir: Path) -> Path:
     """Beside the data, never inside a log dir (a broker refuses a directory it does not
     know there): under ``--output``, or next to the input log dir."""
@@ -110,16 +170,62 @@ def compact_large(
     staging: str | Path | None = None,
     faults: Mapping[str, Any] | None = None,
     time: Time = SYSTEM_TIME,
-) -> CompactLargeResult:
-    """One round of the partition in ``partition_dir`` (if it is eligible), committed in
-    place - holding its log dir's ``.lock`` - or into the log dir ``output``. Idempotent:
-    the same plan commits once (see ``cleaner.spark.staging``)."""
-    started = _time.perf_counter()
+    max_rounds: int | None = None,
+) -> CompactLargeOutcome:
+    """Rounds of the partition in ``partition_dir`` while it is eligible (at most
+    ``max_rounds``), the first committed in place - holding its log dir's ``.lock`` - or into
+    the log dir ``output``, the others in place where the first committed. Idempotent: the
+    same plan commits once (see ``cleaner.spark.staging``); a rerun after a crash finishes
+    the round it was in and goes on."""
+    if max_rounds is not None and max_rounds < 1:
+        raise KafkaCleanerError(f"max_rounds must be at least 1, not {max_rounds}")
     ref = partition_of_dir(local_path(partition_dir, "partition dir"))
     out = local_path(output, "--output") if output is not None else None
     if out is not None and (out == Path(ref.root) or Path(ref.root) in out.parents or ref.path in out.parents):
         raise KafkaCleanerError(f"--output {out} must not be the input log dir or inside it")
     staging_root = Path(staging).absolute() if staging is not None else default_staging(out, Path(ref.root))
+    size_before = _log_bytes(ref.path)
+    first = _round(spark, ref, policy, out, now_ms, staging_root, faults, time)
+    rounds = [first]
+    # The next rounds work in place where the first committed: the output's copy under --output.
+    here = partition_of_dir(out / ref.tp.dir_name) if out is not None else ref
+    while rounds[-1].status == "committed" and (max_rounds is None or len(rounds) < max_rounds):
+        following = _round(spark, here, policy, None, now_ms, staging_root, faults, time)
+        if following.status != "committed":
+            break
+        previous_end = rounds[-1].end_offset
+        if previous_end is not None and (following.end_offset or 0) <= previous_end:
+            raise KafkaCleanerError(f"{here.path}: a round ended at {following.end_offset}, not past the previous "
+                                    f"round's end {previous_end}: no progress")
+        rounds.append(following)
+        log.info("%s: round %d cleaned [%s, %s)", here.path, len(rounds), following.first_dirty_offset,
+                 following.end_offset)
+    if out is not None and len(rounds) > 1:
+        # The first round's run committed the output it published; the later rounds changed
+        # that output in place. Its record now names what they left, so that a rerun finds the
+        # output clean (already-committed), not restored (planned and published again).
+        RunDir(staging_root, first.run_id).mark_committed(
+            {"endOffset": rounds[-1].end_offset, "identity": commit_identity([out], [here.path])})
+    size_after = _log_bytes(here.path) if here.path.is_dir() else size_before
+    return CompactLargeOutcome(rounds, size_before, size_after)
+
+
+def _log_bytes(partition: Path) -> int:
+    return sum(p.stat().st_size for p in partition.glob("*.log"))
+
+
+def _round(
+    spark: Any,
+    ref: PartitionRef,
+    policy: Policy,
+    out: Path | None,
+    now_ms: int | None,
+    staging_root: Path,
+    faults: Mapping[str, Any] | None,
+    time: Time,
+) -> CompactLargeResult:
+    """One round of ``ref`` (if it is eligible), in place or into the log dir ``out``."""
+    started = _time.perf_counter()
     lock = None
     if out is None:
         lock = LogDirLock(ref.root).acquire()  # LogDirLockedError if a broker holds it
@@ -171,15 +277,17 @@ def _run(
     if manifest is None:
         saved = run.read_json("plan.json")
         now = saved["now"] if saved else (now_ms if now_ms is not None else time.milliseconds())
-        run.create()
-        run.write_json("plan.json", {"now": now, "identity": identity})
         clock = FixedTime(now)
         manager.time = clock
         # As kafka-cleaner clean: only an eligible partition is cleaned (KAFKA_NOTES §6.1).
         eligible = manager.report(now)[0].eligible
-        plan = plan_round(0, ref, manager, managed, policy, now, clock) if eligible else None
         if not eligible:
             result.status = "not-eligible"
+            if out is None and not saved:  # nothing to do in place, and no run to leave behind
+                return result
+        run.create()
+        run.write_json("plan.json", {"now": now, "identity": identity})
+        plan = plan_round(0, ref, manager, managed, policy, now, clock) if eligible else None
         result.seconds["plan"] = _time.perf_counter() - t_plan
         manifest = _execute(spark, run, ref, managed, plan, out, faults, result)
     else:
@@ -327,4 +435,4 @@ def _resume_in_place(staging_root: Path, ref: PartitionRef, policy: Policy) -> C
     return resumed
 
 
-__all__ = ["CompactLargeResult", "commit", "compact_large"]
+__all__ = ["CompactLargeOutcome", "CompactLargeResult", "commit", "compact_large"]

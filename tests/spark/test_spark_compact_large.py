@@ -1,6 +1,6 @@
-"""``spark compact-large``: one partition's round in two distributed phases, byte-identical
-to the single-node engine's on the same input and clock - also when the offset map fills
-up, and in a second round over a clean tail."""
+"""``spark compact-large``: one partition's rounds, each in two distributed phases,
+byte-identical to the single-node engine's on the same input and clock - also when the
+offset map fills up (all rounds in one invocation), and in a later round over a clean tail."""
 
 from __future__ import annotations
 
@@ -54,22 +54,12 @@ def test_two_rounds_byte_identical_copy_on_write_then_in_place(spark, tmp_path, 
     assert snapshot_dir(out) == snapshot
 
 
-def _rounds_until_done(spark, partition_dir, policy, at_most: int) -> list[int]:  # type: ignore[no-untyped-def]
-    """compact-large in place, round after round while it commits (at most ``at_most``): the
-    rounds' end offsets."""
-    ends = []
-    for _ in range(at_most):
-        result = compact_large(spark, partition_dir, policy, now_ms=NOW)
-        if result.status != "committed":
-            break
-        ends.append(result.end_offset)
-    return ends
-
-
 def test_full_offset_map_ends_the_round_where_the_single_node_map_does(spark, tmp_path, fleet):
     """A dedupe buffer holding ~60% of a partition's keys: each round stops where Kafka's
-    map fills up, so rounds repeat until nothing is eligible; the rounds in Spark (in place)
-    end at the same offsets and leave the same bytes."""
+    map fills up, so rounds repeat until nothing is eligible; one compact-large (in place, and
+    with --output) runs the same rounds, ending at the same offsets, and leaves the same bytes.
+    A rerun finds nothing to do: in place the partition is not eligible, under --output the
+    first round's run still holds what the later rounds left (not a restore to plan again)."""
     policy = parse_policy_text(
         "topics:\n  - match: 'topic-.*'\n    cleanupPolicy: compact\n    segmentBytes: 131072\n"
         "    minCleanableDirtyRatio: 0.01\ncleaner:\n  dedupeBufferSize: 5000\n"
@@ -80,9 +70,28 @@ def test_full_offset_map_ends_the_round_where_the_single_node_map_does(spark, tm
     ends = [r.end_offset for r in outcome.results if r.topic_partition == tp]
     assert len(ends) >= 2  # the map filled up at least once
 
-    assert _rounds_until_done(spark, data / tp.dir_name, policy, len(ends) + 1) == ends
+    source = snapshot_dir(data)
+    out = tmp_path / "out"
+    copied = compact_large(spark, data / tp.dir_name, policy, output=out, now_ms=NOW)
+    assert [r.end_offset for r in copied.rounds] == ends
+    assert snapshot_dir(data) == source
+    assert_same_partitions(expected, out, [tp])
+    assert checkpoint(out)[tp] == checkpoint(expected)[tp]
+    published = snapshot_dir(out / tp.dir_name)
+    rerun = compact_large(spark, data / tp.dir_name, policy, output=out, now_ms=NOW)
+    assert rerun.status == "already-committed" and len(rerun.rounds) == 1
+    assert snapshot_dir(out / tp.dir_name) == published
+
+    in_place = compact_large(spark, data / tp.dir_name, policy, now_ms=NOW)
+    assert [r.end_offset for r in in_place.rounds] == ends
+    assert in_place.end_offset == ends[-1] and in_place.size_after < in_place.size_before
     assert_same_partitions(expected, data, [tp])
     assert checkpoint(data)[tp] == checkpoint(expected)[tp]
+    assert compact_large(spark, data / tp.dir_name, policy, now_ms=NOW).status == "not-eligible"
+
+    once = copy_of(fleet, tmp_path / "once")
+    assert len(compact_large(spark, once / tp.dir_name, policy, now_ms=NOW, max_rounds=1).rounds) == 1
+    assert checkpoint(once)[tp] == ends[0]
 
 
 def test_an_input_with_a_swap_left_half_done_is_finished_first_in_the_output(spark, tmp_path, large, large_policy):
@@ -121,5 +130,5 @@ def test_a_map_full_of_many_keys_is_cut_on_the_executors(spark, tmp_path):
     expected = copy_of(data, tmp_path / "expected")
     ends = [r.end_offset for r in cleaning.clean([expected], policy, FixedTime(NOW)).results]
     assert len(ends) >= 2, ends  # the map filled up
-    assert _rounds_until_done(spark, data / tp.dir_name, policy, len(ends) + 1) == ends
+    assert [r.end_offset for r in compact_large(spark, data / tp.dir_name, policy, now_ms=NOW).rounds] == ends
     assert_same_partitions(expected, data, [tp])
