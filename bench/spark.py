@@ -14,10 +14,19 @@ Measured, each on a fresh copy of the input (copies are not timed), with a fixed
 3. ``spark compact`` in place on the fleet, and ``spark compact-large`` in place on the big
    partition, on ``local[2]``; the ratio to the single-node time of the same data, and the
    check that the bytes are identical;
-4. ``compact-large`` again on ``local[1]``: the phases' wall times with one and two
+4. ``compact-large`` on the big partition with a dedupe buffer that holds a fraction of its
+   keys (``--past-map``, default 1/4): all rounds in one invocation, against ``clean``'s
+   rounds of the same data;
+5. ``compact-large`` again on ``local[1]``: the phases' wall times with one and two
    executor slots, the sum of the task times (the work, which should not change) and the
    longest task (the critical path). Phase times that fall from local[1] to local[2] while
    the work stays the same show the design scales with executors.
+
+Per job, from Spark's own event log (``spark.eventLog``; the executors' process-tree
+metrics on, polled every 100 ms): the shuffle bytes written and read, and the executors' peak
+memory - the JVM heap and the RSS of the Python workers, where the tasks run (in local mode
+the one executor is the driver's JVM). The driver's own bytes read and written come from
+``/proc/self/io``.
 
 Never asserted anywhere: numbers depend on the machine and on what else runs on it (the
 run line prints the load average; a 2-vCPU VM shared with other work gives noisy figures).
@@ -29,12 +38,14 @@ run line prints the load average; a 2-vCPU VM shared with other work gives noisy
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from cleaner import cleaning
@@ -64,6 +75,60 @@ def driver_io() -> tuple[int, int]:
     with open("/proc/self/io") as f:
         fields = dict(line.split(": ") for line in f.read().splitlines())
     return int(fields["rchar"]), int(fields["wchar"])
+
+
+EVENT_LOG_CONF = {
+    "spark.eventLog.enabled": "true",
+    "spark.eventLog.compress": "false",
+    "spark.eventLog.logStageExecutorMetrics": "true",
+    "spark.executor.processTreeMetrics.enabled": "true",
+    "spark.executor.metrics.pollingInterval": "100ms",
+}
+
+
+@dataclass
+class JobMetrics:
+    """What Spark's event log says about the jobs of one job group."""
+
+    shuffle_written: int = 0
+    shuffle_read: int = 0
+    tasks: int = 0
+    peak_jvm_heap: int = 0
+    peak_python_rss: int = 0
+
+
+def job_metrics(event_dir: Path) -> dict[str, JobMetrics]:
+    """Per job group (``SparkContext.setJobGroup``), summed over the tasks of its jobs' stages:
+    shuffle bytes from each task's metrics; peak memory as the largest of the executors' peaks
+    the tasks and stages report (``Task Executor Metrics``, ``SparkListenerStageExecutorMetrics``)."""
+    stage_group: dict[int, str] = {}
+    metrics: dict[str, JobMetrics] = {}
+    # Spark 4 writes a directory per application (``eventlog_v2_<app>/events_<n>_<app>``).
+    for path in sorted(event_dir.rglob("events_*")):
+        with open(path) as f:
+            for line in f:
+                event = json.loads(line)
+                kind = event["Event"]
+                if kind == "SparkListenerJobStart":
+                    group = (event.get("Properties") or {}).get("spark.jobGroup.id")
+                    if group:
+                        stage_group.update({sid: group for sid in event["Stage IDs"]})
+                        metrics.setdefault(group, JobMetrics())
+                    continue
+                group = stage_group.get(event.get("Stage ID", -1))
+                if group is None:
+                    continue
+                m = metrics[group]
+                peaks = event.get("Task Executor Metrics") or event.get("Executor Metrics") or {}
+                m.peak_jvm_heap = max(m.peak_jvm_heap, peaks.get("JVMHeapMemory", 0))
+                m.peak_python_rss = max(m.peak_python_rss, peaks.get("ProcessTreePythonRSSMemory", 0))
+                if kind == "SparkListenerTaskEnd":
+                    task = event.get("Task Metrics") or {}
+                    read = task.get("Shuffle Read Metrics") or {}
+                    m.tasks += 1
+                    m.shuffle_written += (task.get("Shuffle Write Metrics") or {}).get("Shuffle Bytes Written", 0)
+                    m.shuffle_read += read.get("Remote Bytes Read", 0) + read.get("Local Bytes Read", 0)
+    return metrics
 
 
 def timed(fn):
@@ -97,6 +162,8 @@ def main() -> None:
     ap.add_argument("--group-mb", type=int, default=None, help="the policy's segmentBytes: a group's size (default 32)")
     ap.add_argument("--codec", default="lz4")
     ap.add_argument("--repeat", type=int, default=1, help="runs per measurement (best is shown)")
+    ap.add_argument("--past-map", type=float, default=0.25,
+                    help="the past-the-map case's dedupe buffer, as a fraction of the big partition's keys")
     ap.add_argument("--tmpdir", default=None)
     args = ap.parse_args()
     big_records = args.big_records or (500_000 if args.quick else 4_000_000)
@@ -171,9 +238,25 @@ def main() -> None:
 
         t_single_fleet, fleet_ref = best(args.repeat, lambda: single(fleet))
         t_single_big, big_ref = best(args.repeat, lambda: single(big))
+        # Past the map: a dedupe buffer for about a fraction of the keys (OffsetMap: ~20 bytes a
+        # slot, 90% of the slots used).
+        small_map = parse_policy({
+            "topics": [{"match": ".*", "cleanupPolicy": "compact", "segmentBytes": group_mb << 20}],
+            "cleaner": {"dedupeBufferSize": int(big_records // 10 * args.past_map * 20 / 0.9)},
+        })  # fmt: skip
+
+        def single_small(src: Path):
+            d = copy(src)
+            t, outcome = timed(lambda: cleaning.clean([d], small_map, FixedTime(NOW)))
+            return t, (d, len(outcome.results))
+
+        t_single_past, (past_ref, past_rounds) = best(args.repeat, lambda: single_small(big))
 
         rows: list[tuple[str, str]] = []
-        t_start, spark = timed(lambda: spark_session("local[2,4]", app_name="bench"))
+        events = tmp / "events"
+        events.mkdir()
+        t_start, spark = timed(lambda: spark_session("local[2,4]", app_name="bench", conf={
+            **EVENT_LOG_CONF, "spark.eventLog.dir": events.as_uri()}))
         t_warm, _ = timed(
             lambda: (
                 spark.sparkContext.parallelize(range(2), 2).map(lambda _: __import__("cleaner.spark.phases")).count()
@@ -181,7 +264,11 @@ def main() -> None:
         )
         rows.append(("spark start-up (session + first job)", f"{t_start:.1f} s + {t_warm:.1f} s"))
 
+        def group(name: str) -> None:
+            spark.sparkContext.setJobGroup(name, name)
+
         def spark_compact():
+            group("compact, fleet")
             d = copy(fleet)
             t, r = timed(lambda: compact(spark, [d], policy, now_ms=NOW, staging=tmp / f"stage{n[0]}"))
             return t, (d, r)
@@ -189,6 +276,7 @@ def main() -> None:
         driver: dict[str, tuple[int, int]] = {}
 
         def spark_large():
+            group("compact-large in place")
             d = copy(big)
             read0, wrote0 = driver_io()
             t, r = timed(lambda: compact_large(spark, d / "big-0-0", policy, now_ms=NOW, staging=tmp / f"stage{n[0]}"))
@@ -197,6 +285,7 @@ def main() -> None:
             return t, (d, r.first)  # the data fits the map: one round
 
         def spark_large_output():
+            group("compact-large --output")
             d = copy(big)
             out = tmp / f"out{n[0]}"
             read0, wrote0 = driver_io()
@@ -204,9 +293,17 @@ def main() -> None:
             read1, wrote1 = driver_io()
             driver["--output"] = (read1 - read0, wrote1 - wrote0)
 
+        def spark_past_map():
+            group("compact-large past the map")
+            d = copy(big)
+            t, r = timed(lambda: compact_large(spark, d / "big-0-0", small_map, now_ms=NOW,
+                                               staging=tmp / f"stage{n[0]}"))  # fmt: skip
+            return t, (d, r)
+
         t_compact, (fleet_out, _) = best(args.repeat, spark_compact)
         t_large2, (big_out, large2) = best(args.repeat, spark_large)
         spark_large_output()
+        t_past, (past_out, past) = best(args.repeat, spark_past_map)
         rows.append(("single node clean, fleet", f"{t_single_fleet:.2f} s"))
         rows.append(
             (
@@ -224,13 +321,28 @@ def main() -> None:
             )
         )
 
+        rows.append((f"single node clean, big, past the map ({args.past_map:.0%} of its keys)",
+                     f"{t_single_past:.2f} s, {past_rounds} rounds"))
+        rows.append(
+            (
+                "spark compact-large, big, past the map, local[2]",
+                f"{t_past:.2f} s, {len(past.rounds)} rounds in one job  ratio {t_past / t_single_past:.2f}x"
+                f"  identical: {files_of(past_out) == files_of(past_ref)}",
+            )
+        )
+
         big_bytes = log_mb(big) * 1e6
         for mode, (read, wrote) in driver.items():
             rows.append((f"driver I/O, compact-large {mode}",
                          f"read {read / 1e6:.1f} MB ({read / big_bytes:.0%} of the partition's "
                          f"{big_bytes / 1e6:.0f} MB), wrote {wrote / 1e6:.1f} MB"))
 
-        spark.stop()
+        spark.stop()  # the event log is complete once the application has ended
+        for name, m in job_metrics(events).items():
+            rows.append((f"spark: {name}",
+                         f"{m.tasks} tasks, shuffle {m.shuffle_written / 1e6:.1f} MB written "
+                         f"{m.shuffle_read / 1e6:.1f} MB read; executor peaks: JVM heap {m.peak_jvm_heap / 1e6:.0f} "
+                         f"MB, Python workers' RSS {m.peak_python_rss / 1e6:.0f} MB"))
         spark1 = spark_session("local[1,4]", app_name="bench-1")
         spark1.sparkContext.parallelize(range(1), 1).map(lambda _: __import__("cleaner.spark.phases")).count()
 
