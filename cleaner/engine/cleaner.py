@@ -25,6 +25,7 @@ data:
 
 from __future__ import annotations
 
+import bisect
 import copy
 import logging
 import sys
@@ -237,15 +238,26 @@ class Cleaner:
         """For the map-building phase run in parallel (the Spark job): each dirty segment,
         the base offset of the next one (or the first uncleanable offset), and the
         transaction state at its start as the sequential map build would have it (from a
-        header-only replay: ``LogSegment.transaction_batches``)."""
+        header-only replay: ``LogSegment.transaction_batches``).
+
+        The sequential build holds every aborted transaction of the dirty section from the
+        start; a batch of a segment consumes only those that begin at or before its last
+        offset, below the next segment's base. So each segment's state gets the aborted
+        transactions that begin before its end just before it is copied: the same decisions,
+        and the states together hold each transaction about once, not once per segment
+        (a plan of segments x aborted transactions, as it was, grows quadratically)."""
         start, end = ltc.first_dirty_offset, ltc.first_uncleanable_offset
         the_log = ltc.log
         dirty = the_log.segments_between(start, end)
         next_starts = [s.base_offset for s in dirty[1:]] + [end]
         state = CleanedTransactionMetadata()
-        state.add_aborted_transactions(the_log.collect_aborted_transactions(start, end))
+        aborted = sorted(the_log.collect_aborted_transactions(start, end), key=lambda t: t.first_offset)
+        added = 0
         out = []
         for segment, next_start in zip(dirty, next_starts, strict=True):
+            reachable = bisect.bisect_left(aborted, next_start, lo=added, key=lambda t: t.first_offset)
+            state.add_aborted_transactions(aborted[added:reachable])
+            added = reachable
             out.append((segment, next_start, copy.deepcopy(state)))
             position = segment.lookup_position(start)
             for chunk in segment.transaction_batches(position, self.throttler.maybe_throttle):

@@ -55,17 +55,26 @@ def test_header_only_replay_gives_the_state_of_a_whole_replay(tmp_path_factory: 
     the_log = ltc.log
     max_message_bytes = the_log.config.max_message_bytes
 
-    # dirty_segments: the state at the start of each dirty segment.
+    # dirty_segments: the state at the start of each dirty segment, less the aborted
+    # transactions no batch of the segment can reach (they begin at or after its end), and
+    # the same aborted/not decision for every batch of the segment as the whole replay's.
     start, end = ltc.first_dirty_offset, ltc.first_uncleanable_offset
     state = CleanedTransactionMetadata()
     state.add_aborted_transactions(the_log.collect_aborted_transactions(start, end))
-    expected = []
-    for segment in the_log.segments_between(start, end):
-        expected.append((segment.base_offset, canonical(state)))
+    expected, decisions = [], []
+    dirty = the_log.segments_between(start, end)
+    for segment, next_start in zip(dirty, [s.base_offset for s in dirty[1:]] + [end], strict=True):
+        aborted, ongoing, committed = canonical(state)
+        expected.append((segment.base_offset, ([a for a in aborted if a[0] < next_start], ongoing, committed)))
         for chunk in cleaner._chunks(segment, segment.lookup_position(start), max_message_bytes):
-            _run_transactions(chunk, control_types(chunk), state)
-    got = [(segment.base_offset, canonical(s)) for segment, _, s in cleaner.dirty_segments(ltc)]
-    assert got == expected
+            decisions.append(_run_transactions(chunk, control_types(chunk), state).tolist())
+    planned = cleaner.dirty_segments(ltc)
+    assert [(segment.base_offset, canonical(s)) for segment, _, s in planned] == expected
+    replayed = []
+    for segment, _, s in planned:
+        for chunk in cleaner._chunks(segment, segment.lookup_position(start), max_message_bytes):
+            replayed.append(_run_transactions(chunk, control_types(chunk), s).tolist())
+    assert replayed == decisions
 
     # transaction_states: the state at the start of each group.
     groups = plan_groups(ltc, end)
@@ -88,3 +97,17 @@ def test_a_batch_running_past_the_segment_end_is_corruption_naming_the_file(tmp_
     with pytest.raises(CorruptRecordError, match=r"past the end of the segment") as e:
         list(segment.transaction_batches(0))
     assert str(segment.log_path) in str(e.value)
+
+
+def test_the_planned_states_grow_with_the_aborted_transactions_not_with_segments_times_them(
+        tmp_path: Path) -> None:
+    """The plan holds one transaction state per dirty segment. Each copied every aborted
+    transaction still to come, so the plan grew as segments x aborted transactions (here
+    ~300 segments and ~60 aborted: thousands of entries); each now holds the ones its own
+    batches can reach, about each transaction once."""
+    ltc, cleaner = _planned(tmp_path, seed=5, transactions=1.0, segment_kb=64, records=150_000)
+    aborted = ltc.log.collect_aborted_transactions(ltc.first_dirty_offset, ltc.first_uncleanable_offset)
+    planned = cleaner.dirty_segments(ltc)
+    assert len(planned) >= 100 and len(aborted) >= 40, (len(planned), len(aborted))
+    held = sum(len(state._aborted) for _, _, state in planned)
+    assert held <= len(aborted) + len(planned), (held, len(aborted), len(planned))
