@@ -11,7 +11,12 @@ and page-cache-neutral I/O brought it back to ~2 ms). So:
   ``POSIX_FADV_DONTNEED``) exactly the pages that were not: the broker's hot pages stay, the
   pages the cleaner brought in go;
 - a writer drops what it wrote once it is durable (after the fsync: ``DONTNEED`` leaves dirty
-  pages alone), so a cleaned segment enters the cache only when the broker reads it.
+  pages alone), so a cleaned segment enters the cache only when the broker reads it;
+- a writer never lets more than a few MiB pile up dirty (``Writeback``): a cleaned segment of
+  hundreds of MiB written to the cache and fsynced at the end is one burst of writeback that
+  holds the disk, and the kernel's dirty-page throttling stalls every writer on the machine,
+  the broker's appends included, while it drains. Written back as it goes (RocksDB's
+  ``bytes_per_sync``), the same bytes reach the disk as a steady stream.
 
 Linux only (elsewhere, or where ``mincore`` is not to be had, every call is a no-op).
 ``KAFKA_CLEANER_PAGE_CACHE=keep`` turns it off, for a benchmark's baseline.
@@ -36,6 +41,15 @@ _ENABLED = _libc is not None and hasattr(os, "posix_fadvise") and os.environ.get
 if _libc is not None:
     _libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
     _libc.mincore.restype = ctypes.c_int
+    _libc.sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    _libc.sync_file_range.restype = ctypes.c_int
+
+# sync_file_range(2) flags
+_WAIT_BEFORE, _WRITE, _WAIT_AFTER = 1, 2, 4
+
+WRITEBACK_BYTES = 8 << 20
+"""A writer starts the writeback of every this many bytes it wrote, and waits for the previous
+such range (then drops it from the cache): at most about twice this is dirty at a time."""
 
 
 def resident_pages(fd: int, size: int) -> bytearray | None:
@@ -91,3 +105,33 @@ def cold_read(fd: int, size: int) -> Iterator[None]:
         yield
     finally:
         drop_brought_in(fd, before)
+
+
+class Writeback:
+    """Bounded dirty pages while a file is appended to: after each ``WRITEBACK_BYTES`` written,
+    the kernel is asked to start writing them back (``sync_file_range`` ``WRITE``, which does
+    not wait), and the range before it - written back by then, or waited for - is dropped from
+    the cache. Durability is still the final fsync's (``sync_file_range`` writes data pages
+    only, neither metadata nor the disk's cache)."""
+
+    def __init__(self, fd: int, offset: int, chunk: int | None = None) -> None:
+        self.fd = fd
+        self.chunk = chunk or WRITEBACK_BYTES
+        self.started = offset - offset % PAGE  # writeback asked for up to here
+        self.dropped = self.started  # written back and dropped up to here
+
+    def written(self, end: int) -> None:
+        """The file now holds ``end`` bytes."""
+        end -= end % PAGE  # whole pages: a page still being filled is the next range's
+        if not _ENABLED or end - self.started < self.chunk:
+            return
+        if self.started > self.dropped:
+            self._sync(self.dropped, self.started - self.dropped, _WAIT_BEFORE | _WRITE | _WAIT_AFTER)
+            drop(self.fd, self.dropped, self.started - self.dropped)
+            self.dropped = self.started
+        self._sync(self.started, end - self.started, _WRITE)
+        self.started = end
+
+    def _sync(self, offset: int, length: int, flags: int) -> None:
+        # Advice, not durability: a file system without it (EINVAL, ENOSYS) loses nothing.
+        _libc.sync_file_range(self.fd, offset, length, flags)

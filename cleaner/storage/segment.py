@@ -242,6 +242,7 @@ class LogSegment:
         self._size = size
         self._indexer: _Indexer | None = None
         self._append_file = None
+        self._writeback: page_cache.Writeback | None = None
         self._tail: tuple[int, int] | None = None  # (position scanned to, next offset there)
         # next offset -> (position, last batch's position, its first 21 bytes), of the last scans
         self._tail_history: dict[int, tuple[int, int, bytes]] = {}
@@ -653,9 +654,12 @@ class LogSegment:
         self.indexer.add(batches)
         if self._append_file is None:
             self._append_file = open(self.log_path, "ab")  # noqa: SIM115 - held until close()
+            self._writeback = page_cache.Writeback(self._append_file.fileno(), position)
         self._append_file.write(data)
         self._append_file.flush()
         self._size = position + len(data)
+        if self._writeback is not None:
+            self._writeback.written(self._size)
 
     def append_aborted_txn(self, txn: AbortedTxn) -> None:
         self.txn_index.append(txn)

@@ -96,3 +96,40 @@ def test_what_is_written_leaves_the_cache_once_durable(tmp_path: Path) -> None:
         assert _resident(fd) == set()
     finally:
         os.close(fd)
+
+
+def test_a_segment_being_written_is_written_back_as_it_goes(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cleaned segment is written through the page cache and fsynced at the end. Before,
+    every byte of it stayed dirty until that fsync (one burst of writeback, and the kernel's
+    dirty throttling stalls the broker's appends meanwhile); now all but the last ranges of
+    ``WRITEBACK_BYTES`` are written back and dropped while the segment is still being written."""
+    from cleaner.records.builder import build_batch
+    from cleaner.records.record import Record
+    from cleaner.storage.segment import LogSegment
+
+    chunk = 64 * page_cache.PAGE
+    monkeypatch.setattr(page_cache, "WRITEBACK_BYTES", chunk)
+    segment = LogSegment.create(tmp_path, 0, suffix=".cleaned")
+    offset = 0
+    try:
+        while segment.size < 16 * chunk:
+            records = [Record(offset=offset + i, timestamp=0, key=b"k%d" % i, value=os.urandom(1000))
+                       for i in range(50)]
+            segment.append(bytes(build_batch(records, base_offset=offset)))
+            offset += 50
+        fd = os.open(segment.log_path, os.O_RDONLY)
+        try:
+            if page_cache.resident_pages(fd, 1) is None:
+                pytest.skip("no mincore here")
+            resident = _resident(fd)
+            pages = segment.size // page_cache.PAGE
+            # At most the range being written back and the one after it are still cached.
+            assert len(resident) <= 3 * chunk // page_cache.PAGE, (len(resident), pages)
+            assert not resident & set(range(pages - 4 * chunk // page_cache.PAGE))
+            segment.flush()
+            assert _resident(fd) == set()
+        finally:
+            os.close(fd)
+    finally:
+        segment.close()
