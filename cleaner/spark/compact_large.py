@@ -188,8 +188,11 @@ def compact_large(
     first = _round(spark, ref, policy, out, now_ms, staging_root, faults, time)
     rounds = [first]
     # The next rounds work in place where the first committed: the output's copy under --output.
+    # A first round committed by an earlier invocation (already-committed: it was killed in a
+    # later round) goes on too; where nothing is left, the next round is not eligible.
     here = partition_of_dir(out / ref.tp.dir_name) if out is not None else ref
-    while rounds[-1].status == "committed" and (max_rounds is None or len(rounds) < max_rounds):
+    going_on = ("committed", "already-committed")
+    while rounds[-1].status in going_on and (max_rounds is None or len(rounds) < max_rounds):
         following = _round(spark, here, policy, None, now_ms, staging_root, faults, time)
         if following.status != "committed":
             break

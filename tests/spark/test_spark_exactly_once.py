@@ -11,9 +11,14 @@ import pytest
 from kafka_logs import snapshot_dir
 from spark_helpers import LARGE_TP, NOW, assert_same_partitions, checkpoint, compacted, copy_of, tree
 
+from cleaner import cleaning
+from cleaner.clock import FixedTime
+from cleaner.config import parse_policy_text
+from cleaner.spark import compact_large as compact_large_module
 from cleaner.spark.compact import compact
 from cleaner.spark.compact_large import compact_large
 from cleaner.spark.staging import STAGING_DIR_NAME, InjectedFault
+from cleaner.storage.topic_partition import TopicPartition
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark")]
 
@@ -128,3 +133,43 @@ def test_a_cp_a_restore_of_a_dirty_partition_is_cleaned_again_by_compact_large(
     assert again.status == "committed", again.status
     assert_same_partitions(large_cleaned, data, [LARGE_TP])
     assert checkpoint(data) == checkpoint(large_cleaned)
+
+
+@pytest.mark.parametrize("where", ["in place", "--output"])
+def test_compact_large_killed_in_a_later_round_then_finished(spark, tmp_path, fleet, monkeypatch, where):
+    """One invocation runs every round; the driver dies before the second round's commit (its
+    manifest written). The rerun finds the first round committed and goes on from there - in
+    place it finishes the interrupted commit, under --output it resumes the rounds on the
+    output - and leaves what ``clean`` leaves. Before, a rerun under --output answered
+    ``already-committed`` for the first round and stopped, one round short."""
+    policy = parse_policy_text(
+        "topics:\n  - match: 'topic-.*'\n    cleanupPolicy: compact\n    segmentBytes: 131072\n"
+        "    minCleanableDirtyRatio: 0.01\ncleaner:\n  dedupeBufferSize: 5000\n"
+    )
+    tp = TopicPartition("topic-4", 0)
+    expected, data = copy_of(fleet, tmp_path / "expected"), copy_of(fleet, tmp_path / "data")
+    ends = [r.end_offset for r in cleaning.clean([expected], policy, FixedTime(NOW)).results if r.topic_partition == tp]
+    assert len(ends) >= 2
+    out = tmp_path / "out" if where == "--output" else None
+    result_dir = out if out is not None else data
+
+    commits = []
+
+    def dies_at_the_second(run, manifest, policy):  # type: ignore[no-untyped-def]
+        commits.append(manifest["endOffset"])
+        if len(commits) == 2:
+            raise InjectedFault("the driver died before round 2's commit")
+        real_commit(run, manifest, policy)
+
+    real_commit = compact_large_module.commit
+    monkeypatch.setattr(compact_large_module, "commit", dies_at_the_second)
+    with pytest.raises(InjectedFault):
+        compact_large(spark, data / tp.dir_name, policy, output=out, now_ms=NOW)
+    monkeypatch.undo()
+    assert commits == ends[:2]
+    assert checkpoint(result_dir)[tp] == ends[0]
+
+    finished = compact_large(spark, data / tp.dir_name, policy, output=out, now_ms=NOW)
+    assert finished.end_offset == ends[-1]
+    assert_same_partitions(expected, result_dir, [tp])
+    assert checkpoint(result_dir)[tp] == checkpoint(expected)[tp]
