@@ -51,6 +51,7 @@ from cleaner.records.columns import RecordColumns, decode_records
 from cleaner.records.control import ControlRecordType
 from cleaner.records.record import Record
 from cleaner.records.scan import Batches, scan_batches
+from cleaner.storage import page_cache
 from cleaner.storage.log import Log, cleaned_segment
 from cleaner.storage.producer_state import ActiveProducer
 from cleaner.storage.segment import LogSegment
@@ -214,15 +215,15 @@ class Cleaner:
         legacy_delete_horizon_ms = legacy_delete_horizon(ltc)
         log.info("Cleaner %d: Building offset map for %s...", self.id, the_log.name)
         try:
-            self.build_offset_map(ltc, stats)
-            end_offset = self.offset_map.latest_offset + 1
-            stats.index_done()
-            rnd = Round(
-                ltc, now, end_offset, legacy_delete_horizon_ms, generation, self.offset_map, stats, commit, cleaned_dir
-            )
-            transactions = CleanedTransactionMetadata()
-            for group in plan_groups(ltc, end_offset):
-                self.clean_segments(rnd, group, transactions)
+            with page_cache.one_read_per_round():  # the rewrite reads what the map build read
+                self.build_offset_map(ltc, stats)
+                end_offset = self.offset_map.latest_offset + 1
+                stats.index_done()
+                rnd = Round(ltc, now, end_offset, legacy_delete_horizon_ms, generation, self.offset_map, stats, commit,
+                            cleaned_dir)  # fmt: skip
+                transactions = CleanedTransactionMetadata()
+                for group in plan_groups(ltc, end_offset):
+                    self.clean_segments(rnd, group, transactions)
         except (OSError, CorruptDataError) as e:
             # A truncation or retention under the clean (segments deleted, files cut short)
             # shows up as a failed read; it aborts the round, it does not make the partition

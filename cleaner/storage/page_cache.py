@@ -30,6 +30,7 @@ import ctypes.util
 import mmap
 import os
 import sys
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -84,22 +85,78 @@ def drop(fd: int, offset: int = 0, length: int = 0) -> None:
             os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
 
+def cold_runs(resident_before: bytearray, *, past_end: bool) -> list[tuple[int, int]]:
+    """The runs ``[first page, end page)`` that were not resident in ``resident_before``; with
+    ``past_end``, the last run reaches to the end of the file (end page 0): pages past the old
+    end, read since, count as brought in."""
+    cold = np.frombuffer(resident_before, dtype=np.uint8) & 1 == 0
+    padded = np.concatenate(([False], cold, [past_end], [False])).astype(np.int8)
+    edges = np.flatnonzero(np.diff(padded))
+    return [(start, 0 if end > len(cold) else end)
+            for start, end in zip(edges[0::2].tolist(), edges[1::2].tolist(), strict=True)]
+
+
+def drop_runs(fd: int, runs: list[tuple[int, int]]) -> None:
+    for start, end in runs:
+        drop(fd, start * PAGE, 0 if end == 0 else (end - start) * PAGE)
+
+
 def drop_brought_in(fd: int, resident_before: bytearray | None) -> None:
     """Drop the pages of the file that were not resident in ``resident_before`` (runs of them
     at once); pages past its end, read since, count as brought in."""
-    if resident_before is None:
+    if resident_before is not None:
+        drop_runs(fd, cold_runs(resident_before, past_end=True))
+
+
+_round = threading.local()
+
+
+@contextlib.contextmanager
+def one_read_per_round() -> Iterator[None]:
+    """A cleaning round reads its dirty segments twice (the offset map, then the rewrite).
+    Dropping what the first pass brought in made the second read them from the disk again:
+    twice the disk reads of Kafka's cleaner beside the broker, and a slower round (490 MB read
+    and 0.91 s for a cold 244 MB partition, against 235 MB and 0.35 s keeping the pages).
+    Inside this block, what cold reads bring in stays until the block ends; then exactly those
+    pages are dropped - as ``cold_read`` would have, once - in every file still there and still
+    the same file, within the size first read (a growing active segment's new tail is the
+    broker's). Nested blocks belong to the outermost."""
+    if getattr(_round, "pending", None) is not None:
+        yield
         return
-    cold = np.frombuffer(resident_before, dtype=np.uint8) & 1 == 0
-    # Runs of cold pages, with one more cold page for what lies past the old end.
-    padded = np.concatenate(([False], cold, [True], [False])).astype(np.int8)
-    edges = np.flatnonzero(np.diff(padded))
-    for start, end in zip(edges[0::2].tolist(), edges[1::2].tolist(), strict=True):
-        drop(fd, start * PAGE, 0 if end > len(cold) else (end - start) * PAGE)
+    pending: dict[tuple[int, int], tuple[str, list[tuple[int, int]]]] = {}
+    _round.pending = pending
+    try:
+        yield
+    finally:
+        _round.pending = None
+        for (dev, ino), (path, runs) in pending.items():
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue  # deleted or renamed away (a swap): nothing of it to keep or drop here
+            try:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) == (dev, ino):
+                    drop_runs(fd, runs)
+            finally:
+                os.close(fd)
 
 
 @contextlib.contextmanager
 def cold_read(fd: int, size: int) -> Iterator[None]:
-    """Read the file inside this block: afterwards only the pages it brought in are dropped."""
+    """Read the file inside this block: afterwards only the pages it brought in are dropped
+    (at the end of the round, inside ``one_read_per_round``)."""
+    pending = getattr(_round, "pending", None)
+    if pending is not None and _ENABLED:
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        if key not in pending:  # the first look is the broker's: later ones would see ours
+            before = resident_pages(fd, size)
+            if before is not None:
+                pending[key] = (os.readlink(f"/proc/self/fd/{fd}"), cold_runs(before, past_end=False))
+        yield
+        return
     before = resident_pages(fd, size)
     try:
         yield
