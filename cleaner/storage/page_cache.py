@@ -9,7 +9,8 @@ and page-cache-neutral I/O brought it back to ~2 ms). So:
 - a reader asks, before it reads a file, which of its pages are resident (``mincore(2)`` on a
   mapping of the file that touches nothing), and afterwards drops (``posix_fadvise``
   ``POSIX_FADV_DONTNEED``) exactly the pages that were not: the broker's hot pages stay, the
-  pages the cleaner brought in go;
+  pages the cleaner brought in go - a cleaning round's at the round's end
+  (``one_read_per_round``), since its two passes read the same segments;
 - a writer drops what it wrote once it is durable (after the fsync: ``DONTNEED`` leaves dirty
   pages alone), so a cleaned segment enters the cache only when the broker reads it;
 - a writer never lets more than a few MiB pile up dirty (``Writeback``): a cleaned segment of
