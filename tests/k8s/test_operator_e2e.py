@@ -214,10 +214,10 @@ def test_overlapping_policies_are_reported_on_both(cluster: ApiCluster) -> None:
     OverlappingPolicies, naming the other) with a Warning Event each, not only the workload."""
     cluster.apps.create_namespaced_stateful_set(NS, _sts("shared"))
     with running_operator(expected_warnings=("OverlappingPolicies", "TargetConflict")):
-        _create_policy(cluster, policy("aa-first", target=sts_target("shared")))
+        _create_policy(cluster, policy("aa-first", target=sts_target("shared"), reporting={"intervalSeconds": 1}))
         wait_for(lambda: SIDECAR_HASH_ANNOTATION in cluster.sts("shared")["spec"]["template"]["metadata"]
                  .get("annotations", {}), what="the first policy's injection")
-        _create_policy(cluster, policy("bb-second", target=sts_target("shared")))
+        _create_policy(cluster, policy("bb-second", target=sts_target("shared"), reporting={"intervalSeconds": 1}))
         for name, other in (("aa-first", "bb-second"), ("bb-second", "aa-first")):
             degraded = wait_for(lambda n=name: (c := cluster.condition(n, "Degraded")).get("reason")
                                 == "OverlappingPolicies" and c, timeout=90, what=f"{name} Degraded")

@@ -263,7 +263,7 @@ class FakeSidecars:
 def test_manual_restarts_nothing_names_the_pending_pods_and_pins_the_image(cluster: ApiCluster) -> None:
     before = _brokers(cluster, 2)
     with running_operator():
-        _create(cluster, policy("manual", target=sts_target()))
+        _create(cluster, policy("manual", target=sts_target(), reporting={"intervalSeconds": 1}))
         wait_for(lambda: _template_hash(cluster), timeout=TIMEOUT, what="the sidecar in the template")
         sts = cluster.sts()
         assert sts["spec"]["updateStrategy"]["rollingUpdate"]["partition"] == 2  # the staged rollout holds
@@ -337,7 +337,8 @@ def test_manual_restarts_nothing_names_the_pending_pods_and_pins_the_image(clust
 def test_ondelete_gives_the_sidecar_to_the_pod_someone_deletes(cluster: ApiCluster) -> None:
     before = _brokers(cluster, 2)
     with running_operator():
-        _create(cluster, policy("ondelete", target=sts_target(), rollout={"strategy": "OnDelete"}))
+        _create(cluster, policy("ondelete", target=sts_target(), rollout={"strategy": "OnDelete"},
+                                reporting={"intervalSeconds": 1}))
         wanted = wait_for(lambda: _template_hash(cluster), timeout=TIMEOUT, what="the sidecar in the template")
         assert cluster.sts()["spec"]["updateStrategy"] == {"type": "OnDelete"}
         rollout = wait_for(lambda: (r := cluster.status("ondelete").get("rollout", {})).get("pending") == 2 and r,
