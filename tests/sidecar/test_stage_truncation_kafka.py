@@ -65,10 +65,14 @@ def _past_the_handover(log: str) -> list[str]:
     return problems
 
 
-def _elect_uncleanly(broker: RealBroker) -> str:
+def _elect_uncleanly(broker: RealBroker, admin_config: Path) -> str:
     """Kafka's own kafka-leader-election, UNCLEAN, until it succeeds (the controller must have
-    fenced the old leader first)."""
-    args = ("--bootstrap-server", broker.bootstrap, "--election-type", "unclean", "--topic", TOPIC, "--partition", "0")
+    fenced the old leader first). Its admin client gives up on a call after 3 s: until the
+    controller fences the SIGSTOPped broker, the metadata names it, the client may send it the
+    request, and by default waits 30 s for an answer that never comes (a run took 31 s here)."""
+    admin_config.write_text("request.timeout.ms=1500\ndefault.api.timeout.ms=3000\n")
+    args = ("--bootstrap-server", broker.bootstrap, "--admin.config", str(admin_config),
+            "--election-type", "unclean", "--topic", TOPIC, "--partition", "0")  # fmt: skip
 
     def elect() -> str | None:
         out = broker.run_tool("org.apache.kafka.tools.LeaderElectionCommand", *args, check=False)
@@ -115,7 +119,7 @@ def test_a_set_staged_over_records_a_truncation_discards_is_deleted_at_the_gate(
         assert two.proc is not None
         os.kill(two.proc.pid, signal.SIGSTOP)
         one.start()
-        _elect_uncleanly(one)
+        _elect_uncleanly(one, tmp_path / "admin.properties")
         wait_until(lambda: one.partition_state(TOPIC)["leader"] == 1, "broker 1 leading")
         after = _records(b"after", 500, keys=200)
         one.produce(TOPIC, after)
