@@ -31,6 +31,19 @@ def _resident(fd: int) -> set[int]:
     return {i for i, state in enumerate(vector) if state & 1}
 
 
+def _broker_reads(fd: int, pages: set[int]) -> None:
+    """The broker's own reads of ``pages``, through a descriptor of their own without read-ahead:
+    read-ahead still in flight when a test looks at what is resident would land afterwards, and
+    look like pages the cleaner brought in (a loaded CI run: pages 68-74 of a read of 50-59)."""
+    broker = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
+    try:
+        os.posix_fadvise(broker, 0, 0, os.POSIX_FADV_RANDOM)
+        for page in pages:
+            os.pread(broker, page_cache.PAGE, page * page_cache.PAGE)
+    finally:
+        os.close(broker)
+
+
 @pytest.fixture
 def dropped_file(tmp_path: Path):  # type: ignore[no-untyped-def]
     fd = _fresh_file(tmp_path / "segment.log")
@@ -45,13 +58,7 @@ def dropped_file(tmp_path: Path):  # type: ignore[no-untyped-def]
 def test_a_cold_read_drops_only_the_pages_it_brought_in(dropped_file: int) -> None:
     fd = dropped_file
     hot = set(range(10, 40)) | {100, 200}
-    broker = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)  # the broker's own reads, without read-ahead
-    try:
-        os.posix_fadvise(broker, 0, 0, os.POSIX_FADV_RANDOM)
-        for page in hot:
-            os.pread(broker, page_cache.PAGE, page * page_cache.PAGE)
-    finally:
-        os.close(broker)
+    _broker_reads(fd, hot)
     before = _resident(fd)  # the hot pages, and what the kernel read ahead of them
     assert hot <= before and len(before) < PAGES // 2
     with page_cache.cold_read(fd, PAGES * page_cache.PAGE):
@@ -146,9 +153,7 @@ def test_a_round_reads_each_page_from_the_disk_once_and_drops_it_at_its_end(drop
     for a cold 244 MB partition). Inside ``one_read_per_round`` the second pass finds the pages
     the first brought in; when the round ends those are dropped, and the broker's stay."""
     fd = dropped_file
-    hot = set(range(50, 60))
-    for page in hot:
-        os.pread(fd, page_cache.PAGE, page * page_cache.PAGE)
+    _broker_reads(fd, set(range(50, 60)))
     before = _resident(fd)
     size = PAGES * page_cache.PAGE
     with page_cache.one_read_per_round():
