@@ -53,8 +53,10 @@ demo: $(CORE)
 demo-kafka: $(KAFKA)
 	$(BIN)/python scripts/demo_kafka.py
 
+# Three workers on two cores: the tests wait on brokers, the control plane and Spark about a fifth
+# of the time (12 min against 15 min 45 s with two).
 test: setup
-	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=20
+	$(BIN)/python -m pytest -n 3 --dist loadgroup --durations=20
 
 lint: $(STAMP)
 	$(BIN)/ruff check cleaner operator tests bench
