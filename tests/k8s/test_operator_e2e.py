@@ -162,7 +162,7 @@ def test_the_webhook_answers_on_the_path_the_charts_configuration_names(
             "strimzi", mode="stage", target={
                 "podSelector": {"matchLabels": {"strimzi.io/kind": "Kafka", "strimzi.io/broker-role": "true"}},
                 "dataVolume": "data-0", "mountPath": "/var/lib/kafka/data-0", "logDirs": ["kafka-log*"],
-                "injection": "webhook"}))  # fmt: skip
+                "injection": "webhook"}, reporting={"intervalSeconds": 1}))  # fmt: skip
         wait_for(lambda: cluster.configmap("strimzi-kafka-cleaner"), what="ConfigMap")
         rendered = helm_template({"webhook": {"enabled": True}})
         [config] = [o for o in rendered if o["kind"] == "MutatingWebhookConfiguration"]
@@ -284,7 +284,7 @@ def test_two_webhook_policies_selecting_one_pod_are_both_told(cluster: ApiCluste
     with running_operator(webhook_enabled=True, webhook_insecure=True, webhook_addr="127.0.0.1", webhook_port=port,
                           expected_warnings=("OverlappingPolicies",)):
         for name in ("wa", "wb"):
-            _create_policy(cluster, policy(name, target=target))
+            _create_policy(cluster, policy(name, target=target, reporting={"intervalSeconds": 1}))
         for name in ("wa", "wb"):
             wait_for(lambda n=name: cluster.configmap(f"{n}-kafka-cleaner"), what=f"{name}'s ConfigMap")
         broker = strimzi_pod("ov-broker-0", labels)
