@@ -912,7 +912,11 @@ class Operator:
         strategy, deadline = policy.rollout.strategy, policy.rollout.progress_deadline_seconds
         rollout["strategy"] = strategy.value
         if workload is None:
-            for key in ("pending", "pendingPods", "rolling", "gate", "step"):
+            # A pod selector's workload is known from its pods: none now (a broker between its
+            # deletion and its recreation, a StatefulSet scaled to 0). The step and a paced
+            # step in flight stay: the pod that comes back is the step's, and a sidecar that
+            # keeps it from being scheduled must still be rolled back.
+            for key in ("pending", "pendingPods", "gate"):
                 rollout.pop(key, None)
             return Outcome()
         kube, now = self._kube(), self.now()

@@ -217,15 +217,18 @@ def _format(moment: datetime.datetime) -> str:
 
 def step_for(step: Step | None, wanted: str | None, rolled_back: str | None,
              now: datetime.datetime) -> Step | None:
-    """The step of this round: a new one when the wanted sidecar changed (the first time too:
-    an operator upgraded to this release starts the step of the sidecar its pods run now, so
-    none of them counts as new); the rolled-back sidecar's step stays while it is undone."""
+    """The step of this round: a new one when the wanted sidecar changed, beginning where the
+    last step began: only the change can have put the new hash in a pod, and the webhook
+    injects it from its index before a round of the operator sees the change, so a pod
+    recreated in between is this step's. The first step (an operator upgraded to this release)
+    begins now: its sidecar is the one the pods run already, and none of them counts as new.
+    The rolled-back sidecar's step stays while it is undone."""
     hash_ = wanted if wanted is not None else rolled_back
     if hash_ is None:
         return None
     if step is not None and step.sidecar_hash == hash_:
         return step
-    return Step(hash_, now)
+    return Step(hash_, step.since if step is not None else now)
 
 
 def stuck(pods: Sequence[PodView], step: Step | None, now: datetime.datetime,

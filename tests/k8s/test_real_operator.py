@@ -453,6 +453,56 @@ def test_the_webhook_injects_the_pinned_image_and_stops_injecting_a_sidecar_it_r
     plane.kubectl("delete", "mutatingwebhookconfiguration", WEBHOOK, "--ignore-not-found")
 
 
+@pytest.mark.parametrize("as_the_chart", ["webhook"], indirect=True)
+def test_a_rollout_step_outlives_a_round_that_finds_no_pod_of_its_target(
+    as_the_chart: ControlPlane, tmp_path: pathlib.Path
+) -> None:
+    """A pod-selector target's workload is known from its pods only: a round between a pod's
+    deletion and its recreation finds none (seen in CI, the broker deleted by hand). That round
+    must keep the rollout step: the operator forgot it, began a new one after the pod came back
+    with the changed sidecar, and never took the pod for the step's, so the sidecar that keeps
+    it from being scheduled was never rolled back and the broker stayed down. Here the round
+    with no pod is made certain: the StatefulSet is scaled to 0 and back."""
+    plane = as_the_chart
+    cluster = ApiCluster(kubernetes.config.new_client_from_config(config_file=str(plane.kubeconfig)), NS)
+    target = {"podSelector": {"matchLabels": {"app": "sbroker"}}, "dataVolume": "data",
+              "mountPath": "/var/lib/kafka", "logDirs": ["kafka-log*"], "injection": "webhook"}  # fmt: skip
+    manifest = policy("scaled", target=target, rollout={"progressDeadlineSeconds": 3}, reporting={"intervalSeconds": 1})
+    manifest["metadata"]["namespace"] = NS
+    with _webhook_operator(plane, tmp_path, expected_warnings=("has not become Ready",)):
+        _apply(plane, manifest)
+        broker = _broker()
+        broker["metadata"]["name"] = "sbroker"
+        broker["spec"]["selector"]["matchLabels"] = {"app": "sbroker"}
+        broker["spec"]["template"]["metadata"]["labels"] = {"app": "sbroker", "kafkacleaner.io/inject": "enabled"}
+        _apply(plane, broker)
+        wait_for(lambda: (p := _get(plane, "pod", "sbroker-0")) and p["status"].get("phase") == "Running"
+                 and find_sidecar(p["spec"]) is not None, timeout=TIMEOUT,
+                 what="sbroker-0 running with the sidecar")  # fmt: skip
+        plane.kubectl("patch", "-n", NS, "compactionpolicy", "scaled", "--type=merge", "-p",
+                      json.dumps({"spec": {"sidecar": {"resources": {"requests": {"cpu": "5000"}}}}}))
+        changed = wait_for(lambda: (r := cluster.status("scaled").get("rollout", {})).get("step", {}).get("sidecarHash")
+                           == r.get("sidecarHash") and (r.get("pending") or 0) == 1 and r, timeout=TIMEOUT,
+                           what="the step of the changed sidecar, sbroker-0 pending")  # fmt: skip
+        plane.kubectl("scale", "-n", NS, "statefulset", "sbroker", "--replicas=0")
+        wait_for(lambda: _get(plane, "pod", "sbroker-0") is None and "brokers" in (s := cluster.status("scaled"))
+                 and "sbroker-0" not in s["brokers"] and s, timeout=TIMEOUT,
+                 what="a round that found no pod")  # fmt: skip
+        assert cluster.status("scaled")["rollout"].get("step") == changed["step"], "the round with no pod lost the step"
+        plane.kubectl("scale", "-n", NS, "statefulset", "sbroker", "--replicas=1")
+        stalled = wait_for(lambda: (c := cluster.condition("scaled", "Stalled")).get("status") == "True"
+                           and c["reason"] == "SidecarRolledBack" and c, timeout=TIMEOUT,
+                           what="Stalled: SidecarRolledBack")  # fmt: skip
+        assert "pod sbroker-0 (Unschedulable" in stalled["message"], stalled["message"]
+        back = wait_for(lambda: (p := _get(plane, "pod", "sbroker-0")) and not p["metadata"].get("deletionTimestamp")
+                        and p["status"].get("phase") == "Running" and p, timeout=TIMEOUT,
+                        what="sbroker-0 back and running")  # fmt: skip
+        assert find_sidecar(back["spec"]) is None
+        plane.kubectl("delete", "-n", NS, "statefulset", "sbroker", "--wait=true")
+        plane.kubectl("delete", "-n", NS, "compactionpolicy", "scaled", "--wait=true", f"--timeout={int(TIMEOUT)}s")
+    plane.kubectl("delete", "mutatingwebhookconfiguration", WEBHOOK, "--ignore-not-found")
+
+
 @pytest.mark.parametrize("as_the_chart", ["plain"], indirect=True)
 def test_a_pod_admission_would_refuse_is_never_rolled_out_and_the_reason_is_reported(
     as_the_chart: ControlPlane, monkeypatch: pytest.MonkeyPatch
