@@ -3,7 +3,7 @@
 # runs. Each step is a stamp, so a warm machine skips it:
 #   make demo        CORE: .venv with the project and its compiled core (cargo, crates.io)
 #   make demo-kafka  CORE + KAFKA: java and maven, the test extra (a Kafka client), Kafka's jars
-#   make test        all of it: + spark, helm and the Kubernetes control plane (Go modules)
+#   make test        all of it: + spark, helm, the Kubernetes control plane, the object store (Go)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -15,10 +15,10 @@ STAMP  := $(VENV)/.installed-stamp
 # `operator` whenever Python put the working directory on sys.path (`python -m ...`).
 export PYTHONSAFEPATH := 1
 
-.PHONY: demo demo-kafka test lint bench setup controlplane mutation crash-soak soak differential-soak fuzz image
+.PHONY: demo demo-kafka test lint bench setup controlplane objectstore mutation crash-soak soak differential-soak fuzz image
 
 setup:
-	@$(MAKE) --no-print-directory -j2 $(STAMP) controlplane
+	@$(MAKE) --no-print-directory -j2 $(STAMP) controlplane objectstore
 
 $(CORE): pyproject.toml scripts/setup-system.sh native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 	./scripts/setup-system.sh core
@@ -45,6 +45,11 @@ $(STAMP): $(KAFKA) scripts/get-helm.sh
 # machine 5 min 5 s for the whole set-up, against 5 min 21 s one after the other).
 controlplane:
 	./scripts/get-controlplane.sh
+
+# The tests' S3-compatible object store (gofakes3 on a directory, tests/object_store.py), built
+# from Go modules the same way, beside the rest.
+objectstore:
+	./scripts/get-objectstore.sh
 
 demo: $(CORE)
 	$(BIN)/kafka-cleaner demo

@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
+from object_store import ObjectStore, running_object_store
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -26,6 +28,14 @@ def real_kafka_root() -> pathlib.Path:
     if not REAL_KAFKA.is_dir():
         pytest.skip(f"real Kafka fixtures not found at {REAL_KAFKA} (they live in ../shared, beside the repo)")
     return REAL_KAFKA
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStore]:
+    """A real S3-compatible object store on loopback (tests/object_store.py), one for the session
+    (one a worker): a test makes its own bucket."""
+    with running_object_store(tmp_path_factory.mktemp("object-store")) as store:
+        yield store
 
 
 @pytest.fixture(autouse=True)

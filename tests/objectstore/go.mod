@@ -1,0 +1,15 @@
+// The tests' S3-compatible object store: gofakes3 on a directory, built by
+// scripts/get-objectstore.sh through the Go module proxy (cmd/s3server says why this backend).
+module kafkacleaner.test/objectstore
+
+go 1.24
+
+require github.com/johannesboyne/gofakes3 v1.2.0
+
+require (
+	github.com/ryszard/goskiplist v0.0.0-20150312221310-2dfbae5fcf46 // indirect
+	github.com/spf13/afero v1.2.1 // indirect
+	go.shabbyrobe.org/gocovmerge v0.0.0-20230507111327-fa4f82cfbf4d // indirect
+	golang.org/x/text v0.9.0 // indirect
+	golang.org/x/tools v0.8.0 // indirect
+)
