@@ -14,6 +14,7 @@ Where it differs from S3 (the server's comments say which it corrects, and how):
   "<md5 of the parts' MD5s>-<parts>" (the completion's answer has that one);
 - a PUT over an object keeps the old user metadata and Content-Type it does not set itself;
 - no x-amz-checksum-* is kept or returned (boto3 then checks none);
+- user metadata names come back in HTTP's canonical case ("Mtime"; S3 answers "mtime");
 - a PUT that fails part-way leaves no object (S3 keeps the one it would have replaced), and an
   overwrite is not atomic for a reader of the object at that moment;
 - a multipart upload's parts are held in the server's memory until it is completed.

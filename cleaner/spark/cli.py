@@ -29,6 +29,7 @@ from cleaner.commands import (
 )
 from cleaner.output import Bytes, Column, binary_bytes, print_table, resolve_format
 
+from .object_store import is_object_uri
 from .report import FORMATS
 
 FAULTS_ENV = "KAFKA_CLEANER_SPARK_FAULTS"
@@ -51,6 +52,23 @@ staging_option = click.option(
     help="Where runs keep their staged work (default: <output>/.kafka-cleaner-spark, or beside the input log dir).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+
+
+class LogDirInput(click.ParamType):
+    """An INPUT log dir: an existing directory, or one in S3-compatible object storage
+    (``s3://bucket/prefix``, ``s3a://`` too; read through boto3's environment, see
+    ``cleaner.spark.object_store``)."""
+
+    name = "LOG_DIR"
+    local = click.Path(exists=True, file_okay=False, path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path | str:
+        if is_object_uri(value):
+            return str(value)
+        return self.local.convert(value, param, ctx)
+
+
+log_dir_inputs = click.argument("inputs", nargs=-1, required=True, type=LogDirInput())
 
 
 def _faults() -> dict[str, Any] | None:
@@ -97,7 +115,7 @@ def spark_group() -> None:
 
 
 @spark_group.command("report")
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@log_dir_inputs
 @click.option("--output", required=True, help="Report directory: a path, or any URI Spark writes to (s3a://...).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="parquet", show_default=True)
 @click.option(
@@ -110,11 +128,17 @@ def spark_group() -> None:
 @now_option
 @master_option
 def report_command(
-    inputs: tuple[Path, ...], output: str, fmt: str, policy_path: Path | None, now_ms: int | None, master: str | None
+    inputs: tuple[Path | str, ...],
+    output: str,
+    fmt: str,
+    policy_path: Path | None,
+    now_ms: int | None,
+    master: str | None,
 ) -> None:
     """Read-only report of Kafka log dirs: one row per partition (what `kafka-cleaner
     status` shows, plus exact distinct keys and reclaimable bytes) and a per-topic rollup,
-    written to OUTPUT/partitions and OUTPUT/topics."""
+    written to OUTPUT/partitions and OUTPUT/topics. An INPUT may be a log dir in
+    S3-compatible object storage (s3://bucket/prefix)."""
     from .report import dataframes, report, write
 
     policy = load_policy_or_exit(policy_path) if policy_path is not None else None
@@ -131,7 +155,7 @@ def report_command(
 
 
 @spark_group.command("compact")
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@log_dir_inputs
 @policy_option
 @output_dir_option
 @now_option
@@ -139,7 +163,7 @@ def report_command(
 @master_option
 @json_option
 def compact_command(
-    inputs: tuple[Path, ...],
+    inputs: tuple[Path | str, ...],
     policy_path: Path,
     output: Path | None,
     now_ms: int | None,
@@ -150,7 +174,9 @@ def compact_command(
     """Clean every eligible partition of the log dirs, one Spark task per partition, each
     running the engine unchanged. With --output the cleaned partitions are written under
     OUTPUT/<log dir name>/ and the input is only read; without it they are cleaned in place
-    (a path every executor sees; refused while a broker holds a log dir's .lock)."""
+    (a path every executor sees; refused while a broker holds a log dir's .lock). An INPUT
+    may be a log dir in S3-compatible object storage (s3://bucket/prefix), cleaned with
+    --output."""
     from .compact import compact
 
     result = _run_job(compact, inputs, policy_path, output, now_ms, staging, master)

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time as _time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -56,13 +57,16 @@ from .commit import (
     update_cleaner_checkpoint,
     write_output_root,
 )
+from .object_store import ObjectLogDir, is_object_uri, mirror
 from .plan import (
     PartitionRef,
     StalePlanError,
     dir_fingerprint,
+    input_root,
     list_partitions,
     local_path,
     open_managed,
+    partition_fingerprint,
     policy_identity,
     root_fingerprint,
     run_id,
@@ -156,16 +160,18 @@ def compact(
     task each, committed in place (holding each log dir's ``.lock``) or under ``output``.
     Idempotent: the same plan commits once (see ``cleaner.spark.staging``)."""
     started = _time.perf_counter()
-    given = {str(local_path(p, "input")): str(p) for p in inputs}
+    given = {input_root(p): str(p) for p in inputs}
     roots = sorted(given)
     for root in roots:
-        if not Path(root).is_dir():
+        if not is_object_uri(root) and not Path(root).is_dir():
             raise KafkaCleanerError(f"{root}: no such log directory")
     out = local_path(output, "--output") if output is not None else None
+    if out is None and any(is_object_uri(root) for root in roots):
+        raise KafkaCleanerError("a log dir in object storage is cleaned copy-on-write: give --output (a file system)")
     if out is not None:
         for root in roots:
             r = Path(root)
-            if out == r or r in out.parents or out in r.parents:
+            if not is_object_uri(root) and (out == r or r in out.parents or out in r.parents):
                 raise KafkaCleanerError(f"--output {out} must be outside the input log dir {root}")
     staging_root = (
         Path(staging).absolute()
@@ -190,7 +196,7 @@ def compact(
         identity = {
             "output": str(out) if out is not None else None,
             "roots": {root: root_fingerprint(root) for root in roots},
-            "partitions": [[ref.root, ref.topic, ref.partition, dir_fingerprint(ref.path)] for ref in refs],
+            "partitions": [[ref.root, ref.topic, ref.partition, partition_fingerprint(ref)] for ref in refs],
             "policy": policy_identity(policy),
             "nowMs": now_ms,
         }
@@ -248,7 +254,7 @@ def _run_tasks(
     if not tasks:
         return []
     sc = spark.sparkContext
-    weighted = [(t, sum(size for _, size, _ in dir_fingerprint(t.ref.path))) for t in tasks]
+    weighted = [(t, sum(size for _, size, _ in partition_fingerprint(t.ref))) for t in tasks]
     # One task per partition; the biggest start first.
     ordered = [t for t, _ in sorted(weighted, key=lambda tw: -tw[1])]
     # Each executor's tasks share the policy's maxIoBytesPerSecond.
@@ -302,8 +308,9 @@ def segment_diff(before: Mapping[str, int], after: Mapping[str, int]) -> tuple[l
 def compact_partition(
     task: CompactTask, policy: Policy, now: int, run: RunDir, output_mode: bool, faults: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    """One partition: the engine's clean of a private copy, staged."""
-    ref = task.ref
+    """One partition: the engine's clean of a private copy, staged. A partition in object
+    storage is read from its mirror on this host (``PartitionRef.localized``)."""
+    ref, local = task.ref, task.ref.localized()
     done = run.done / task.root_key / ref.tp.dir_name
     if (done / "result.json").exists():
         result = json.loads((done / "result.json").read_text())
@@ -312,11 +319,11 @@ def compact_partition(
     started = _time.perf_counter()
     maybe_fail(faults, "compact")
     clock = FixedTime(now)
-    manager, managed = open_managed(ref, policy, clock, read_only=True)
+    manager, managed = open_managed(local, policy, clock, read_only=True)
     report = manager.report(now)[0]
     the_log = managed.log
     segments = the_log.segments
-    source_checkpoint = LogDirectory(ref.root, read_only=True).cleaner_checkpoint.read().get(ref.tp)
+    source_checkpoint = LogDirectory(local.root, read_only=True).cleaner_checkpoint.read().get(ref.tp)
     retention_possible = managed.rule.delete or (
         len(segments) > 1 and segments[1].base_offset <= the_log.log_start_offset
     )
@@ -341,7 +348,7 @@ def compact_partition(
         "newSegments": [],
         "replacedSegments": [],
         "unexpectedChanges": [],
-        "sourceFiles": dir_fingerprint(ref.path),
+        "sourceFiles": dir_fingerprint(local.path),
         "logStartOffset": the_log.log_start_offset,
         "uncleanable": None,
         "reused": False,
@@ -351,11 +358,11 @@ def compact_partition(
     if report.eligible or retention_possible:
         result["action"] = "cleaned"
         mini.mkdir()
-        with os.scandir(ref.root) as it:
+        with os.scandir(local.root) as it:
             for entry in it:
                 if entry.is_file(follow_symlinks=False) and entry.name != LOCK_FILE:
                     shutil.copy2(entry.path, mini / entry.name)
-        copy_tree(ref.path, mini / ref.tp.dir_name)
+        copy_tree(local.path, mini / ref.tp.dir_name)
         before = _inodes(mini / ref.tp.dir_name)
         outcome = cleaning.clean([mini], policy, clock)
         after = _inodes(mini / ref.tp.dir_name)
@@ -381,7 +388,7 @@ def compact_partition(
     else:
         result["action"] = "copied" if output_mode else "skipped"
         if output_mode:
-            copy_tree(ref.path, mini / ref.tp.dir_name)
+            copy_tree(local.path, mini / ref.tp.dir_name)
     result["seconds"] = _time.perf_counter() - started
     files.atomic_write(attempt / "result.json", _json(result))
     finish_attempt(attempt, done)
@@ -410,7 +417,12 @@ def commit(run: RunDir, manifest: Mapping[str, Any], policy: Policy) -> dict[str
             if staged.exists():  # else published before a crash
                 publish_dir(staged, out / p["rootKey"] / ref.tp.dir_name, run.path / "trash")
         for root, key in manifest["roots"]:
-            write_output_root(out / key, root, checkpoints.get(root, {}))
+            if is_object_uri(root):  # its root files and partition names, on this host for the copy
+                with tempfile.TemporaryDirectory(prefix="kafka-cleaner-root-") as tmp:
+                    source = mirror(ObjectLogDir.parse(root), base=Path(tmp))
+                    write_output_root(out / key, source, checkpoints.get(root, {}))
+            else:
+                write_output_root(out / key, root, checkpoints.get(root, {}))
     failed: dict[str, str] = {}
     if manifest["output"] is None:
         for p in manifest["partitions"]:

@@ -153,7 +153,8 @@ def task_cleaner(io_buffer_size: int, max_io_buffer_size: int, io_rate: float | 
 def _open(scope: KeyScope) -> Log:
     if scope.round is not None:
         return open_planned_log(scope.round)
-    return Log.open(scope.ref.path, log_config_for(scope.rule), log_start_offset=scope.log_start_offset, read_only=True)
+    path = scope.ref.localized().path
+    return Log.open(path, log_config_for(scope.rule), log_start_offset=scope.log_start_offset, read_only=True)
 
 
 def lookup_keys(cleaner: Cleaner, log: Log, segment: LogSegment) -> tuple[np.ndarray, np.ndarray]:

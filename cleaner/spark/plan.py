@@ -35,6 +35,8 @@ from cleaner.storage.producer_state import ActiveProducer
 from cleaner.storage.segment import LogSegment
 from cleaner.storage.topic_partition import TopicPartition, parse_partition_dir
 
+from .object_store import ObjectLogDir, fingerprint, is_object_uri, mirror
+
 MAX_IO_BUFFER_SIZE: int = inspect.signature(LogCleaner.__init__).parameters["max_message_bytes"].default
 """The cleaner's ``maxIoBufferSize`` as ``kafka-cleaner clean`` runs it (``LogCleaner``'s default,
 Kafka's ``message.max.bytes``)."""
@@ -67,7 +69,7 @@ class PartitionRef:
     """A partition directory of one input log dir."""
 
     root: str
-    """The log dir, absolute."""
+    """The log dir, absolute, or an object-storage log dir (``s3://bucket/prefix``)."""
     topic: str
     partition: int
 
@@ -79,33 +81,70 @@ class PartitionRef:
     def path(self) -> Path:
         return Path(self.root) / self.tp.dir_name
 
+    @property
+    def in_object_storage(self) -> bool:
+        return is_object_uri(self.root)
+
+    def localized(self) -> PartitionRef:
+        """This partition where the engine can open it: itself, or (object storage) the
+        mirror of its log dir's root files and its own objects on this host's disk, made
+        once per listing (``object_store.mirror``). What a task calls before it reads."""
+        if not self.in_object_storage:
+            return self
+        return PartitionRef(str(mirror(ObjectLogDir.parse(self.root), self.tp.dir_name)), self.topic, self.partition)
+
 
 def local_path(path: str | os.PathLike[str], what: str) -> Path:
     """A POSIX path: the jobs rename, fsync and lock files, which object stores cannot do."""
     text = os.fspath(path)
     if "://" in text:
         raise KafkaCleanerError(
-            f"{what} {text}: object storage is not a file system; mount it (read-only) and clean it "
-            f"copy-on-write with --output on a file system (see docs/spark.md)"
+            f"{what} {text}: object storage is not a file system; the jobs read a log dir from it "
+            f"(s3://bucket/prefix as INPUT of report and compact) but write to a file system (see docs/spark.md)"
         )
     return Path(text).absolute()
+
+
+def input_root(path: str | os.PathLike[str]) -> str:
+    """An INPUT of ``report`` or ``compact``: an absolute path, or an object-storage log dir
+    (``s3://`` or ``s3a://``, normalised to ``s3://bucket/prefix``)."""
+    text = os.fspath(path)
+    if is_object_uri(text):
+        return ObjectLogDir.parse(text).uri
+    return str(local_path(text, "input"))
 
 
 def list_partitions(
     roots: Sequence[str | os.PathLike[str]], policy: Policy, *, compacted_only: bool
 ) -> list[PartitionRef]:
-    """The partitions of the log dirs that a policy rule matches (and compacts)."""
+    """The partitions of the log dirs that a policy rule matches (and compacts); of an
+    object-storage log dir, from one listing (no object is read)."""
     out = []
     for root in roots:
-        log_dir = LogDirectory(root, read_only=True)
-        if not log_dir.exists():
-            raise KafkaCleanerError(f"{root}: no such log directory")
-        for tp in log_dir.partition_dirs():
+        if is_object_uri(root):
+            log_dir = ObjectLogDir.parse(str(root))
+            found = [tp for name in log_dir.layout()[1] if (tp := parse_partition_dir(name)) is not None]
+            where = log_dir.uri
+        else:
+            local = LogDirectory(root, read_only=True)
+            if not local.exists():
+                raise KafkaCleanerError(f"{root}: no such log directory")
+            found, where = list(local.partition_dirs()), str(local.path)
+        for tp in found:
             rule = policy.rule_for(tp.topic)
             if rule is None or (compacted_only and not rule.compact):
                 continue
-            out.append(PartitionRef(str(log_dir.path), tp.topic, tp.partition))
+            out.append(PartitionRef(where, tp.topic, tp.partition))
     return sorted(out)
+
+
+def partition_fingerprint(ref: PartitionRef) -> list[tuple[str, int, int | str]]:
+    """A partition's files as a plan names them: (name, size, mtime ns) on a file system,
+    (name, size, ETag) in object storage, from a listing."""
+    if ref.in_object_storage:
+        log_dir = ObjectLogDir.parse(ref.root)
+        return sorted(fingerprint(log_dir.listing(ref.tp.dir_name + "/")))
+    return dir_fingerprint(ref.path)
 
 
 def partition_of_dir(partition_dir: str | os.PathLike[str]) -> PartitionRef:
@@ -120,7 +159,7 @@ def open_managed(
     ref: PartitionRef, policy: Policy, time: Time, *, read_only: bool = True
 ) -> tuple[LogCleanerManager, ManagedLog]:
     """A manager over the one partition (checkpoints never written) and its managed log."""
-    view = PartitionView(ref.root, ref.tp, read_only=read_only)
+    view = PartitionView(ref.localized().root, ref.tp, read_only=read_only)
     manager = LogCleanerManager([view], policy, time, write_checkpoints=False)
     logs = manager.logs()
     if ref.tp not in logs:
@@ -145,7 +184,10 @@ def dir_fingerprint(directory: str | os.PathLike[str]) -> list[tuple[str, int, i
 
 def root_fingerprint(root: str | os.PathLike[str]) -> dict[str, str | None]:
     """The log dir files the cleaner reads: the offset checkpoints and the clean-shutdown
-    marker (contents hashed)."""
+    marker (contents hashed; in object storage, their ETags: an object's MD5)."""
+    if is_object_uri(root):
+        etags = {o.name: o.etag for o in ObjectLogDir.parse(str(root)).listing(top_level=True)}
+        return {name: etags.get(name) for name in (*OFFSET_CHECKPOINT_FILES, CLEAN_SHUTDOWN_FILE)}
     out: dict[str, str | None] = {}
     for name in (*OFFSET_CHECKPOINT_FILES, CLEAN_SHUTDOWN_FILE):
         p = Path(root) / name
@@ -313,7 +355,8 @@ def set_end_offset(plan: RoundPlan, ltc: LogToClean, cleaner: Cleaner, end_offse
 def open_planned_log(plan: RoundPlan) -> Log:
     """The partition as the plan saw it, read-only; raises ``StalePlanError`` if its
     segments changed."""
-    log = Log.open(plan.ref.path, log_config_for(plan.rule), log_start_offset=plan.log_start_offset, read_only=True)
+    path = plan.ref.localized().path
+    log = Log.open(path, log_config_for(plan.rule), log_start_offset=plan.log_start_offset, read_only=True)
     seen = [SegmentRef(s.base_offset, s.size, s.last_modified_ms) for s in log.segments]
     planned = {s.base: s for s in plan.segments}
     for s in seen:

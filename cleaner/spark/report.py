@@ -45,7 +45,7 @@ from cleaner.engine.next_clean import NextCleanCache
 from cleaner.errors import KafkaCleanerError
 
 from .phases import KeyScope, RoundsOutcome, run_rounds
-from .plan import PartitionRef, SegmentRef, list_partitions, local_path, open_managed, plan_round
+from .plan import PartitionRef, SegmentRef, input_root, list_partitions, open_managed, plan_round
 
 FORMATS = ("parquet", "csv", "json")
 
@@ -117,12 +117,15 @@ def partition_status(
 ) -> tuple[dict[str, Any], KeyScope | None]:
     """Stage 0 task: ``status``'s row of one partition and the scope phase 1 reads."""
     clock = FixedTime(now)
-    manager, managed = open_managed(ref, policy, clock, read_only=True)
+    local = ref.localized()  # an object-storage log dir: the partition mirrored on this host
+    manager, managed = open_managed(local, policy, clock, read_only=True)
     deletion = DeletionCache.for_policy(policy)
     next_clean = NextCleanCache()
-    statuses = cleaning.status([ref.root], policy, clock, manager=manager, next_clean=next_clean, deletion=deletion)
+    statuses = cleaning.status([local.root], policy, clock, manager=manager, next_clean=next_clean, deletion=deletion)
     row = statuses[0].as_dict()
     row["sourceRoot"] = source_root
+    if ref.in_object_storage:
+        row["logDir"] = ref.root
     if row["reason"] == "uncleanable" or row["records"] is None:
         return row, None
     plan = None
@@ -149,7 +152,7 @@ def report(
     """Every partition's row (``REPORT_COLUMNS``), the phases' outcome and timings."""
     policy = policy or DEFAULT_POLICY
     started = _time.perf_counter()
-    given = {str(local_path(p, "input")): str(p) for p in inputs}
+    given = {input_root(p): str(p) for p in inputs}
     refs = list_partitions(sorted(given), policy, compacted_only=False)
     now = now_ms if now_ms is not None else time.milliseconds()
     sc = spark.sparkContext

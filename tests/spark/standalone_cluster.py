@@ -172,8 +172,11 @@ class StandaloneCluster:
     def workers(self) -> list[dict[str, Any]]:
         return self.state().get("workers", [])
 
-    def submit_command(self, app: Path, *args: str) -> list[str]:
-        """``spark-submit`` of a Python application to this cluster, small executors, one per worker."""
+    def submit_command(self, app: Path, *args: str, executor_env: dict[str, str] | None = None) -> list[str]:
+        """``spark-submit`` of a Python application to this cluster, small executors, one per
+        worker; ``executor_env``: more of the executors' environment (``spark.executorEnv.*``)."""
+        more = [c for name, value in (executor_env or {}).items()
+                for c in ("--conf", f"spark.executorEnv.{name}={value}")]  # fmt: skip
         return [
             str(SPARK_HOME / "bin" / "spark-submit"),
             "--master", self.url,
@@ -185,6 +188,7 @@ class StandaloneCluster:
             "--conf", "spark.ui.showConsoleProgress=false",
             "--conf", f"spark.pyspark.python={sys.executable}",
             "--conf", "spark.executorEnv.PYTHONSAFEPATH=1",
+            *more,
             str(app), *args,
         ]  # fmt: skip
 

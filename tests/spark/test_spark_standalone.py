@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ import cleaner.spark.submit
 from cleaner.cli import main
 from cleaner.config import parse_policy_text
 from cleaner.spark.cli import FAULTS_ENV
+from cleaner.spark.object_store import ObjectLogDir, upload_log_dir
 from cleaner.spark.report import STATUS_COLUMNS
 from cleaner.spark.staging import MANIFEST
 
@@ -57,10 +59,14 @@ def policy_file(tmp_path: Path, text: str) -> Path:
     return p
 
 
-def submit(cluster: StandaloneCluster, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+def submit(
+    cluster: StandaloneCluster, cwd: Path, *args: str, s3: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``spark-submit`` of a job; ``s3``: the object store's environment, for the driver and
+    (``spark.executorEnv``) the executors, as a user passes credentials to both."""
     done = subprocess.run(
-        cluster.submit_command(SUBMIT_APP, *args),
-        env=cluster.env(),
+        cluster.submit_command(SUBMIT_APP, *args, executor_env=s3),
+        env={**cluster.env(), **(s3 or {})},
         cwd=cwd,
         capture_output=True,
         timeout=JOB_WITHIN_S,
@@ -102,6 +108,27 @@ def test_compact_on_the_cluster_is_byte_identical(cluster, tmp_path, fleet, flee
         cluster, tmp_path, "compact", str(fleet), "--policy", str(policy), "--output", str(out), "--now-ms", str(NOW)
     )
     assert snapshot_dir(fleet) == before
+    tps = compacted(fleet, parse_policy_text(FLEET_POLICY))
+    assert_same_partitions(fleet_cleaned, out / "data", tps)
+    assert checkpoint(out / "data") == checkpoint(fleet_cleaned)
+
+
+def test_compact_from_object_storage_on_the_cluster_is_byte_identical(
+    cluster, tmp_path, fleet, fleet_cleaned, object_store, monkeypatch
+):
+    """The fleet's log dir copied to a real S3-compatible store (rclone's layout, each file's
+    mtime in its metadata) and compacted from there: each executor mirrors the partitions of
+    its tasks onto its own local directory; the output is the bytes of a clean."""
+    for name, value in object_store.env().items():
+        monkeypatch.setenv(name, value)
+    bucket = f"standalone-{uuid.uuid4().hex[:8]}"
+    object_store.client().create_bucket(Bucket=bucket)
+    uri = f"s3://{bucket}/b1/data"
+    upload_log_dir(fleet, ObjectLogDir.parse(uri))
+    out = tmp_path / "out"
+    policy = policy_file(tmp_path, FLEET_POLICY)
+    submit(cluster, tmp_path, "compact", uri, "--policy", str(policy), "--output", str(out), "--now-ms", str(NOW),
+           s3=object_store.env())  # fmt: skip
     tps = compacted(fleet, parse_policy_text(FLEET_POLICY))
     assert_same_partitions(fleet_cleaned, out / "data", tps)
     assert checkpoint(out / "data") == checkpoint(fleet_cleaned)

@@ -1,0 +1,232 @@
+"""A log dir in S3-compatible object storage, as the Spark jobs read it.
+
+A fleet's log dirs copied to a bucket (``s3://bucket/prefix/<log dir>/``: the root files and
+``<topic>-<partition>/`` prefixes, as ``aws s3 sync`` or ``rclone copy`` lay them out) are
+INPUTs of ``report`` and ``compact``. The driver only lists them: a listing gives every
+partition, its objects and their sizes and ETags, which is the plan's identity - no object is
+read on the driver but the log dir's small root files (checkpoints). Each task mirrors the
+one partition it works on (the root files and that partition's objects) onto its executor's
+local disk and runs the engine there, unchanged: the engine needs files it can ``mmap``,
+``seek`` and open by name, which an object is not.
+
+A mirror is keyed by the listing it was made from, so two tasks on one host share it, an
+object that changed since (another ETag or size) makes another mirror, and a download is
+checked against the listing (the GET's ETag and length): a partition rewritten between the
+listing and the download fails the task instead of mixing two states. Mirrors live under the
+executor's Spark local directory (``SPARK_LOCAL_DIRS``, which Spark removes with the
+executor), else under the system's temporary directory.
+
+A segment's modification time matters to the cleaner (a segment without timestamps is
+compacted or retained by it), and an object's ``Last-Modified`` is when it was uploaded:
+the file's own time is taken from the object's ``mtime`` metadata (seconds since the epoch,
+as ``rclone`` stores it; ``aws s3 cp --metadata mtime=...`` can set it) when present.
+
+The endpoint, credentials and region are boto3's: ``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``, a profile or an
+instance role; executors need them too (``spark.executorEnv.*``).
+"""
+
+from __future__ import annotations
+
+import decimal
+import functools
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cleaner.errors import KafkaCleanerError
+from cleaner.storage.lock import LOCK_FILE
+from cleaner.storage.topic_partition import parse_partition_dir
+
+SCHEMES = ("s3://", "s3a://")
+"""Both name the same store here: ``s3a://`` is how Hadoop (and so a Spark user) spells it."""
+
+MTIME_METADATA = "mtime"
+MIRROR_DIR_NAME = "kafka-cleaner-mirror"
+
+
+def is_object_uri(text: str | os.PathLike[str]) -> bool:
+    return isinstance(text, str) and text.startswith(SCHEMES)
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """An object of a log dir, by its name relative to the log dir ("t-0/00..0.log")."""
+
+    name: str
+    size: int
+    etag: str
+
+
+@dataclass(frozen=True)
+class ObjectLogDir:
+    """``s3://bucket/prefix``: a log dir's objects are ``prefix/<name>``."""
+
+    uri: str
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def parse(cls, uri: str) -> ObjectLogDir:
+        scheme = next(s for s in SCHEMES if uri.startswith(s))
+        bucket, _, prefix = uri[len(scheme):].partition("/")
+        prefix = prefix.strip("/")
+        if not bucket or not prefix:
+            raise KafkaCleanerError(f"{uri}: an object-storage log dir is s3://<bucket>/<prefix> (a prefix of its own)")
+        return cls(f"s3://{bucket}/{prefix}", bucket, prefix)
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}/{name}"
+
+    def listing(self, under: str = "", *, top_level: bool = False) -> list[ObjectInfo]:
+        """Every object under the log dir (or under ``under``, a partition's "t-0/"; with
+        ``top_level``, only those not in a "directory": the root files), sorted."""
+        out = []
+        start = self.key(under) if under else self.prefix + "/"
+        args = {"Bucket": self.bucket, "Prefix": start, **({"Delimiter": "/"} if top_level else {})}
+        pages = _client().get_paginator("list_objects_v2").paginate(**args)
+        try:
+            for page in pages:
+                for item in page.get("Contents", []):
+                    name = item["Key"][len(self.prefix) + 1:]
+                    out.append(ObjectInfo(name, int(item["Size"]), str(item["ETag"]).strip('"')))
+        except Exception as e:  # botocore's ClientError, EndpointConnectionError, NoCredentialsError
+            raise KafkaCleanerError(f"{self.uri}: cannot list the log dir: {e}") from e
+        return sorted(out, key=lambda o: o.name)
+
+    def layout(self) -> tuple[list[ObjectInfo], dict[str, list[ObjectInfo]]]:
+        """(the root files, the objects of each partition directory by its name): one listing.
+        Objects deeper than a partition's files, and prefixes that are no partition
+        (``<topic>-<n>``: Kafka's own names, as ``LogDirectory`` reads a log dir), are not
+        the log dir's."""
+        root: list[ObjectInfo] = []
+        partitions: dict[str, list[ObjectInfo]] = {}
+        for o in self.listing():
+            head, sep, rest = o.name.partition("/")
+            if not sep:
+                if head != LOCK_FILE:
+                    root.append(o)
+            elif "/" not in rest and parse_partition_dir(head) is not None:
+                partitions.setdefault(head, []).append(o)
+        if not root and not partitions:
+            raise KafkaCleanerError(f"{self.uri}: no such log directory (no object under it)")
+        return root, partitions
+
+
+CLIENT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+              "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE")
+"""The environment boto3 configures a client from: a client is made again when it changes."""
+
+
+def _client() -> Any:
+    """boto3's S3 client, configured by its environment (endpoint, credentials, region)."""
+    return _client_for(tuple(os.environ.get(name) for name in CLIENT_ENV))
+
+
+@functools.lru_cache(maxsize=4)
+def _client_for(environment: tuple[str | None, ...]) -> Any:
+    try:
+        import boto3
+    except ImportError as e:  # pragma: no cover - boto3 comes with the spark extra
+        raise KafkaCleanerError("object storage needs boto3 (pip install 'kafka-cleaner[spark]')") from e
+    return boto3.client("s3")
+
+
+def mirror_base() -> Path:
+    """Where this process keeps mirrors: the executor's Spark local directory, else the
+    system's temporary directory."""
+    local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0]
+    return Path(local or tempfile.gettempdir()) / MIRROR_DIR_NAME
+
+
+def mirror(log_dir: ObjectLogDir, partition: str | None = None, *, base: Path | None = None) -> Path:
+    """A local log dir holding ``log_dir``'s root files and, with ``partition``, that
+    partition's files (without: an empty directory for each partition, so that the log dir's
+    layout reads as it is); made once per listing and shared by the tasks of a host
+    (``base``: elsewhere than :func:`mirror_base`)."""
+    root = [o for o in log_dir.listing(top_level=True) if o.name != LOCK_FILE]
+    if partition is not None:
+        objects = root + [o for o in log_dir.listing(partition + "/") if "/" not in o.name[len(partition) + 1:]]
+        if len(objects) == len(root):
+            raise KafkaCleanerError(f"{log_dir.uri}/{partition}: no such partition")
+        dirs = [partition]
+    else:
+        objects, dirs = root, sorted(log_dir.layout()[1])
+    identity = json.dumps([log_dir.uri, [(o.name, o.size, o.etag) for o in objects], dirs])
+    final = (base or mirror_base()) / hashlib.sha256(identity.encode()).hexdigest()[:24]
+    if final.is_dir():
+        return final
+    work = final.parent / f".{final.name}.{uuid.uuid4().hex[:8]}"
+    work.mkdir(parents=True)
+    try:
+        for o in objects:
+            _download(log_dir, o, work / o.name)
+        for name in dirs:
+            (work / name).mkdir(exist_ok=True)
+        try:
+            os.rename(work, final)
+        except OSError:  # another task of this host made the same mirror first
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def _download(log_dir: ObjectLogDir, o: ObjectInfo, path: Path) -> None:
+    """One object to ``path``, checked against the listing; its mtime from the metadata."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = log_dir.key(o.name)
+    try:
+        got = _client().get_object(Bucket=log_dir.bucket, Key=key)
+        with open(path, "wb") as f:
+            shutil.copyfileobj(got["Body"], f, 8 << 20)
+    except Exception as e:
+        raise KafkaCleanerError(f"{log_dir.uri}/{o.name}: cannot read the object: {e}") from e
+    etag, size = str(got.get("ETag", "")).strip('"'), path.stat().st_size
+    if etag != o.etag or size != o.size:
+        raise KafkaCleanerError(f"{log_dir.uri}/{o.name}: the object changed since it was listed (ETag {o.etag}, "
+                                f"{o.size} bytes listed; {etag}, {size} bytes read): plan the job again")
+    mtime_ns = _mtime_ns(got.get("Metadata") or {})
+    if mtime_ns is None:
+        mtime_ns = int(got["LastModified"].timestamp()) * 10**9
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+def _mtime_ns(metadata: Mapping[str, str]) -> int | None:
+    """The ``mtime`` metadata ("seconds.fraction", as rclone writes it) in nanoseconds, exactly:
+    a float holds a time of this century to ~0.2 microseconds only. Metadata names are HTTP
+    headers, so any case (S3 answers in lower case, others capitalised)."""
+    text = next((v for k, v in metadata.items() if k.lower() == MTIME_METADATA), None)
+    try:
+        return int(decimal.Decimal(text).scaleb(9)) if text is not None else None
+    except decimal.InvalidOperation:
+        return None
+
+
+def _mtime_text(mtime_ns: int) -> str:
+    return f"{mtime_ns // 10**9}.{mtime_ns % 10**9:09d}"
+
+
+def fingerprint(objects: list[ObjectInfo]) -> list[tuple[str, int, str]]:
+    """The identity of a partition or of root files in a plan: names, sizes and ETags."""
+    return [(o.name.rpartition("/")[2], o.size, o.etag) for o in objects]
+
+
+def upload_log_dir(local: Path, log_dir: ObjectLogDir) -> None:
+    """A local log dir copied to ``log_dir`` with each file's mtime as metadata, as ``rclone``
+    copies one (the tests' and the benchmark's way to put a fleet in a bucket)."""
+    client = _client()
+    for path in sorted(local.rglob("*")):
+        if path.is_file() and path.name != LOCK_FILE:
+            name = path.relative_to(local).as_posix()
+            client.upload_file(str(path), log_dir.bucket, log_dir.key(name),
+                               ExtraArgs={"Metadata": {MTIME_METADATA: _mtime_text(path.stat().st_mtime_ns)}})
+

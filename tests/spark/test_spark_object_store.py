@@ -1,0 +1,137 @@
+"""A fleet's log dir copied to S3-compatible object storage (a real server, ``tests/object_store``),
+reported and compacted from there by the Spark jobs: the same rows as the report of the log dir
+on disk, the same bytes as ``kafka-cleaner clean``, and a driver that lists objects but reads
+none of a partition's (``cleaner.spark.object_store``)."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+from spark_helpers import NOW, assert_same_partitions, checkpoint, compacted
+
+from cleaner.errors import KafkaCleanerError
+from cleaner.spark import object_store as objects
+from cleaner.spark.compact import compact
+from cleaner.spark.object_store import ObjectInfo, ObjectLogDir, mirror, upload_log_dir
+from cleaner.spark.report import report
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark")]
+
+
+@pytest.fixture(scope="module")
+def s3(object_store, spark):
+    """This process and the session's Python workers pointed at the store; a bucket of the
+    module's own."""
+    workers = spark.sparkContext.environment
+    saved = dict(workers)
+    with pytest.MonkeyPatch.context() as env:
+        for name in objects.CLIENT_ENV:
+            env.delenv(name, raising=False)
+        for name, value in object_store.env().items():
+            env.setenv(name, value)
+        workers.update(object_store.env())
+        bucket = f"fleet-{uuid.uuid4().hex[:8]}"
+        object_store.client().create_bucket(Bucket=bucket)
+        yield bucket
+    workers.clear()
+    workers.update(saved)
+
+
+@pytest.fixture(scope="module")
+def fleet_in_s3(s3, fleet) -> str:
+    """``fleet`` copied to the bucket as rclone copies a log dir (each file's mtime kept in
+    its metadata). Read-only."""
+    uri = f"s3://{s3}/brokers/b1/data"
+    upload_log_dir(fleet, ObjectLogDir.parse(uri))
+    return uri
+
+
+def _driver_downloads(monkeypatch) -> list[str]:
+    """The objects this process (the driver: tasks run in Python workers) reads."""
+    read: list[str] = []
+    real = objects._download
+
+    def recorded(log_dir: ObjectLogDir, o: ObjectInfo, path: Path) -> None:
+        read.append(o.name)
+        real(log_dir, o, path)
+
+    monkeypatch.setattr(objects, "_download", recorded)
+    return read
+
+
+def test_report_from_object_storage_is_the_report_of_the_log_dir(spark, fleet, fleet_policy, fleet_in_s3, monkeypatch):
+    read = _driver_downloads(monkeypatch)
+    rows, outcome, _ = report(spark, [fleet_in_s3], fleet_policy, now_ms=NOW)
+    assert read == []  # the driver listed the log dir and read none of its objects
+    local, _, _ = report(spark, [fleet], fleet_policy, now_ms=NOW)
+    assert len(rows) == len(local) == 10
+    for remote, here in zip(rows, local, strict=True):
+        assert remote["logDir"] == remote["sourceRoot"] == fleet_in_s3
+        assert {k: v for k, v in remote.items() if k not in ("logDir", "sourceRoot")} == {
+            k: v for k, v in here.items() if k not in ("logDir", "sourceRoot")
+        }
+    assert sum(r["reclaimableBytes"] or 0 for r in rows) > 0
+    assert sum(outcome.distinct_keys.values()) > 0
+
+
+def test_compact_from_object_storage_is_byte_identical_to_clean(
+    spark, tmp_path, fleet, fleet_cleaned, fleet_policy, fleet_in_s3, monkeypatch
+):
+    read = _driver_downloads(monkeypatch)
+    out = tmp_path / "out"
+    result = compact(spark, [fleet_in_s3.replace("s3://", "s3a://")], fleet_policy, output=out, now_ms=NOW)
+    assert result.status == "committed"
+    tps = compacted(fleet, fleet_policy)
+    assert_same_partitions(fleet_cleaned, out / "data", tps)
+    assert checkpoint(out / "data") == checkpoint(fleet_cleaned)
+    # The driver read the log dir's root files for the output's, and no partition's object.
+    assert read and all("/" not in name for name in read), read
+    assert {r["sourceRoot"] for r in result.rows()} == {fleet_in_s3.replace("s3://", "s3a://")}
+
+    # The same listing is the same plan: a rerun commits nothing again.
+    again = compact(spark, [fleet_in_s3], fleet_policy, output=out, now_ms=NOW)
+    assert again.status == "already-committed" and again.run_id == result.run_id
+
+
+def test_object_storage_is_never_cleaned_in_place(spark, fleet_policy, fleet_in_s3):
+    with pytest.raises(KafkaCleanerError, match="copy-on-write: give --output"):
+        compact(spark, [fleet_in_s3], fleet_policy, now_ms=NOW)
+
+
+def test_a_mirror_has_the_files_their_times_and_refuses_an_object_changed_since_the_listing(
+    s3, fleet, tmp_path, object_store
+):
+    partition = "topic-1-0"
+    one = tmp_path / "one" / "data"  # the fleet's root files and one partition
+    shutil.copytree(fleet, one, ignore=lambda d, names: [n for n in names if Path(d) == fleet
+                                                          and (fleet / n).is_dir() and n != partition])
+    log_dir = ObjectLogDir.parse(f"s3://{s3}/one/data")
+    upload_log_dir(one, log_dir)
+    assert sorted(log_dir.layout()[1]) == [partition]
+    local = mirror(log_dir, partition, base=tmp_path / "mirrors")
+    for src in sorted((fleet / partition).iterdir()):
+        copy = local / partition / src.name
+        assert copy.read_bytes() == src.read_bytes()
+        assert copy.stat().st_mtime_ns == src.stat().st_mtime_ns, src.name  # rclone's mtime metadata, exactly
+    assert mirror(log_dir, partition, base=tmp_path / "mirrors") == local  # made once per listing
+    with pytest.raises(KafkaCleanerError, match="no such partition"):
+        mirror(log_dir, "nothing-0", base=tmp_path / "mirrors")
+
+    # The object rewritten between the listing and the read: the task fails, naming it.
+    (listed,) = [o for o in log_dir.listing(partition + "/") if o.name.endswith(".log")][:1]
+    object_store.client().put_object(Bucket=s3, Key=log_dir.key(listed.name), Body=b"rewritten")
+    with pytest.raises(KafkaCleanerError, match=f"{listed.name}: the object changed since it was listed"):
+        objects._download(log_dir, listed, tmp_path / "x.log")
+    # And the next listing is another mirror, of what is there now.
+    assert mirror(log_dir, partition, base=tmp_path / "mirrors") != local
+    assert not any(p.name.startswith(".") for p in (tmp_path / "mirrors").iterdir())  # no half-made mirror
+
+
+def test_an_object_storage_input_names_its_bucket_and_prefix():
+    assert ObjectLogDir.parse("s3a://bucket/a/b/").uri == "s3://bucket/a/b"
+    for bad in ("s3://bucket", "s3://bucket/", "s3:///prefix"):
+        with pytest.raises(KafkaCleanerError, match="s3://<bucket>/<prefix>"):
+            ObjectLogDir.parse(bad)
