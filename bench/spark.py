@@ -370,10 +370,12 @@ def main() -> None:
                     busy = sum(wall) / run.seconds[phase] if run.seconds.get(phase) else 0.0
                     share = sum(cpu) / sum(wall) if sum(wall) else 0.0
                     unit = {"map": "segments", "reduce": "reducers", "rewrite": "groups"}[kind]
+                    passes = run.outcome.tasks.reduce_passes if kind == "reduce" else []
                     print(
                         f"    {kind:<8} {label}: {len(wall):>3} {unit:<8} CPU {sum(cpu):6.2f} s, "
                         f"wall {sum(wall):6.2f} s (longest {max(wall, default=0):.2f} s); "
                         f"at once {busy:.2f}; CPU/wall {share:.2f}"
+                        + (f"; sub-ranges (spill) up to {max(passes)}" if passes else "")
                     )
         print("\n  projected phase times on k executors: list scheduling of the measured units' CPU times")
         print("  (segments for phase 1's map, reducers, groups for phase 2; the per-job overhead not included)")

@@ -72,6 +72,7 @@ from .plan import (
     transaction_state,
 )
 from .session import task_io_rate
+from .spill import REDUCER_MEMORY_CONF, REDUCER_MEMORY_DEFAULT, ReducerInput
 from .staging import RunDir, finish_attempt, maybe_fail, new_attempt_dir
 
 
@@ -106,6 +107,9 @@ class TaskTimes:
     map_cpu: list[float] = field(default_factory=list)
     reduce_cpu: list[float] = field(default_factory=list)
     rewrite_cpu: list[float] = field(default_factory=list)
+    reduce_passes: list[int] = field(default_factory=list)
+    """Per reducer, the digest sub-ranges it worked through (1: its input fit in
+    ``spark.kafkaCleaner.reducerMemory``; more: it spilled, ``spill``)."""
 
 
 class _Clock:
@@ -115,7 +119,8 @@ class _Clock:
         self.kind, self.times = kind, times
         self.wall, self.cpu = _time.perf_counter(), _time.process_time()
 
-    def done(self) -> float:
+    def done(self, **more: int) -> float:
+        """Report the unit; ``more``: other figures of it (``passes=3``: ``reduce_passes``)."""
         wall = _time.perf_counter() - self.wall
         if self.times is not None:
             self.times.add(
@@ -123,6 +128,7 @@ class _Clock:
                     self.kind: [wall],
                     f"{self.kind}_cpu": [_time.process_time() - self.cpu],
                     f"{self.kind}_end": [_time.time()],
+                    **{f"{self.kind}_{name}": [value] for name, value in more.items()},
                 }
             )
         return wall
@@ -187,6 +193,11 @@ def sized(sc: Any, total_bytes: int, conf: str, default: str, least: int) -> int
     ``256m``, ``1g``), at least ``least``."""
     per_task = max(int(sc._jsc.sc().conf().getSizeAsBytes(conf, default)), 1)
     return max(least, -(-total_bytes // per_task))
+
+
+def reducer_memory(sc: Any) -> int:
+    """Each reducer's input held in memory before it spills (``spill``)."""
+    return max(int(sc._jsc.sc().conf().getSizeAsBytes(REDUCER_MEMORY_CONF, REDUCER_MEMORY_DEFAULT)), 1)
 
 
 def balance(items: Sequence[tuple[Any, int]], slices: int) -> list[list[Any]]:
@@ -350,35 +361,51 @@ def reduce_part(
     scopes: Mapping[int, KeyScope],
     layout: Layout | None,
     times: Any,
+    reducers: int,
+    memory_bytes: int,
 ) -> Iterator[tuple[tuple[int, str, int, int], Any]]:
     """One reducer: per partition, its share of the offset map, of the distinct keys and of
     every group's keep-list, keyed by the phase 2 slice they go to. Every reducer reports
     its map size to every slice of the round, so a slice knows the map's full size.
-    Without ``layout``: only the map's first-occurrence offsets (the map-full case)."""
+    Without ``layout``: only the map's first-occurrence offsets (the map-full case).
+    Past ``memory_bytes`` of input, the input is spilled and worked through one digest
+    sub-range at a time (``spill``): the same keys, keep-lists and counts, in more parts."""
     clock = _Clock("reduce", times)
-    members, counted, mapped, unreadable = _gather(items)
+    sizes: dict[int, int] = defaultdict(int)
+    counts: dict[int, int | None] = defaultdict(int)
+    with ReducerInput(reducer, reducers, memory_bytes).add_all(items) as received:
+        passes = received.passes
+        for part in received.sub_ranges():
+            members, counted, mapped, unreadable = _gather(part)
+            for i, scope in sorted(scopes.items()):
+                if scope.count_keys:
+                    known = counts[i]
+                    counts[i] = None if i in unreadable or known is None else known + len(
+                        KeySet.union(counted.get(i, [])))
+                if scope.round is None:
+                    continue
+                the_map = KeyOffsets.merge(mapped.get(i, []))
+                if layout is None:
+                    yield (0, "firsts", i, reducer), blocks.pack(first=the_map.first)
+                    continue
+                sizes[i] += len(the_map)
+                for g, sets in sorted(members.get(i, {}).items()):
+                    keys = KeySet.union(sets)
+                    idx = the_map.keys.find(keys.hi, keys.lo)
+                    hit = idx >= 0
+                    if hit.any():
+                        blob = blocks.pack(hi=keys.hi[hit], lo=keys.lo[hit], offset=the_map.last[idx[hit]])
+                        yield (layout.slice_of[(i, g)], "keep", i, g), (reducer, blob)
     for i, scope in sorted(scopes.items()):
         if scope.count_keys:
-            yield (0, "count", i, reducer), None if i in unreadable else len(KeySet.union(counted.get(i, [])))
-        if scope.round is None:
-            continue
-        the_map = KeyOffsets.merge(mapped.get(i, []))
-        if layout is None:
-            yield (0, "firsts", i, reducer), blocks.pack(first=the_map.first)
-            continue
-        for n in layout.round_slices[i]:
-            yield (n, "size", i, reducer), len(the_map)
-        for g, sets in sorted(members.get(i, {}).items()):
-            keys = KeySet.union(sets)
-            idx = the_map.keys.find(keys.hi, keys.lo)
-            hit = idx >= 0
-            if hit.any():
-                blob = blocks.pack(hi=keys.hi[hit], lo=keys.lo[hit], offset=the_map.last[idx[hit]])
-                yield (layout.slice_of[(i, g)], "keep", i, g), (reducer, blob)
+            yield (0, "count", i, reducer), counts[i]
+        if scope.round is not None and layout is not None:
+            for n in layout.round_slices[i]:
+                yield (n, "size", i, reducer), sizes[i]
     if reducer == 0 and layout is not None:
         for (i, g), n in layout.slice_of.items():  # every group gets its task, keep-list or not
             yield (n, "group", i, g), None
-    clock.done()
+    clock.done(passes=passes)
 
 
 # -- the map's end: where the single-node map would fill up ----------------------------------
@@ -472,9 +499,10 @@ def _round_job(
     layout = sc.broadcast(Layout(slice_of, dict(round_slices)))
     shared = sc.broadcast({s.index: s for s in scopes})
     run_root = (str(run.root), run.id) if run is not None else None
+    memory = reducer_memory(sc)
     return (
         _keys_by_reducer(sc, scopes, reducers, faults, acc, shared)
-        .mapPartitionsWithIndex(lambda r, it: reduce_part(r, it, shared.value, layout.value, acc))
+        .mapPartitionsWithIndex(lambda r, it: reduce_part(r, it, shared.value, layout.value, acc, reducers, memory))
         .partitionBy(len(slices), lambda key: key[0])
         .mapPartitionsWithIndex(lambda n, it: rewrite_slice(n, it, shared.value, reducers, run_root, faults, acc))
         .collect()
@@ -518,10 +546,11 @@ def _kth_first_offsets(sc: Any, scopes: list[KeyScope], reducers: int, faults: M
     counts per reducer a look) until the bin holding the k-th has at most
     MAX_COLLECTED_OFFSETS, and takes only those: never a key's worth of anything per key, so
     ``spark.driver.maxResultSize`` bounds nothing here (8 bytes a key were collected before)."""
+    memory = reducer_memory(sc)
     shared = sc.broadcast({s.index: s for s in scopes})
     firsts = (
         _keys_by_reducer(sc, scopes, reducers, faults, acc, shared)
-        .mapPartitionsWithIndex(lambda r, it: reduce_part(r, it, shared.value, None, acc))
+        .mapPartitionsWithIndex(lambda r, it: reduce_part(r, it, shared.value, None, acc, reducers, memory))
         .filter(lambda row: row[0][1] == "firsts")
         .map(lambda row: (row[0][2], blocks.unpack(row[1])["first"]))
         .persist()

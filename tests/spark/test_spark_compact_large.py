@@ -13,6 +13,7 @@ from cleaner.clock import FixedTime
 from cleaner.config import parse_policy_text
 from cleaner.generate import GeneratorConfig, generate
 from cleaner.spark.compact_large import compact_large
+from cleaner.spark.spill import REDUCER_MEMORY_CONF
 from cleaner.storage.log import Log
 from cleaner.storage.topic_partition import TopicPartition
 
@@ -132,3 +133,28 @@ def test_a_map_full_of_many_keys_is_cut_on_the_executors(spark, tmp_path):
     assert len(ends) >= 2, ends  # the map filled up
     assert [r.end_offset for r in compact_large(spark, data / tp.dir_name, policy, now_ms=NOW).rounds] == ends
     assert_same_partitions(expected, data, [tp])
+
+
+def test_reducers_past_their_memory_spill_and_the_rounds_are_the_same_bytes(spark, tmp_path, fleet):
+    """``spark.kafkaCleaner.reducerMemory`` far below a reducer's share of the keys: every
+    reducer spills its input and works through digest sub-ranges (``spill``), in the rounds
+    and in the map-full cut; the rounds end where ``kafka-cleaner clean``'s do, byte for byte."""
+    policy = parse_policy_text(
+        "topics:\n  - match: 'topic-.*'\n    cleanupPolicy: compact\n    segmentBytes: 131072\n"
+        "    minCleanableDirtyRatio: 0.01\ncleaner:\n  dedupeBufferSize: 5000\n"
+    )
+    tp = TopicPartition("topic-4", 0)
+    expected = copy_of(fleet, tmp_path / "expected")
+    ends = [r.end_offset for r in cleaning.clean([expected], policy, FixedTime(NOW)).results if r.topic_partition == tp]
+    conf = spark.sparkContext._jsc.sc().conf()
+    conf.set(REDUCER_MEMORY_CONF, "4k")
+    try:
+        out = tmp_path / "out"
+        copied = compact_large(spark, copy_of(fleet, tmp_path / "data") / tp.dir_name, policy, output=out, now_ms=NOW)
+    finally:
+        conf.remove(REDUCER_MEMORY_CONF)
+    assert [r.end_offset for r in copied.rounds] == ends and len(ends) >= 2
+    passes = [p for r in copied.rounds for p in r.outcome.tasks.reduce_passes]
+    assert passes and min(passes) > 1, passes  # every reducer spilled
+    assert_same_partitions(expected, out, [tp])
+    assert checkpoint(out)[tp] == checkpoint(expected)[tp]
