@@ -34,6 +34,7 @@ from typing import Any
 from cleaner.clock import SYSTEM_TIME, FixedTime, Time
 from cleaner.config import Policy
 from cleaner.errors import KafkaCleanerError
+from cleaner.storage import files
 from cleaner.storage.lock import LogDirLock
 from cleaner.storage.log import Log
 from cleaner.storage.staged import assemble, staged_segments, swap_in
@@ -46,7 +47,7 @@ from .commit import (
     update_cleaner_checkpoint,
     write_output_root,
 )
-from .phases import KeyScope, RoundsOutcome, group_done_dir, run_rounds
+from .phases import KeyScope, RoundsOutcome, balance, group_done_dir, run_rounds
 from .plan import (
     PartitionRef,
     RoundPlan,
@@ -302,7 +303,7 @@ def _run(
         result.status = "nothing-to-clean"
     maybe_fail(faults, "before-commit")
     t_commit = _time.perf_counter()
-    commit(run, manifest, policy)
+    commit(run, manifest, policy, spark)
     result.seconds["commit"] = _time.perf_counter() - t_commit
     result.seconds["total"] = _time.perf_counter() - started
     return result
@@ -349,8 +350,10 @@ def _execute(
     return manifest
 
 
-def commit(run: RunDir, manifest: Mapping[str, Any], policy: Policy) -> None:
-    """Apply a manifest; safe to repeat after a crash at any point."""
+def commit(run: RunDir, manifest: Mapping[str, Any], policy: Policy, spark: Any = None) -> None:
+    """Apply a manifest; safe to repeat after a crash at any point. With ``spark``, the
+    unchanged segments an ``--output`` partition keeps are copied by its executors, in
+    parallel (``copy_on_executors``); the driver links the staged ones and renames."""
     p = manifest["partition"]
     ref = PartitionRef(p["root"], p["topic"], p["partition"])
     rule = policy.rule_for(ref.topic)
@@ -386,7 +389,8 @@ def commit(run: RunDir, manifest: Mapping[str, Any], policy: Policy) -> None:
                         the_log = open_for_commit(work, rule, manifest["logStartOffset"])
                         swap_in(the_log, staged, replaced)
                 else:  # the unchanged segments only: the replaced ones are never copied
-                    assemble(ref.path, work, staged, replaced)
+                    assemble(ref.path, work, staged, replaced,
+                             copy_all=(lambda pairs: copy_on_executors(spark, pairs)) if spark is not None else None)
                 run.write_json("BUILT", {})
                 publish_dir(work, out / ref.tp.dir_name, run.path / "trash")
             run.write_json("PUBLISHED", {})
@@ -394,6 +398,19 @@ def commit(run: RunDir, manifest: Mapping[str, Any], policy: Policy) -> None:
     root, final = (ref.root, ref.path) if manifest["output"] is None else (out, out / ref.tp.dir_name)
     run.mark_committed({"endOffset": manifest["endOffset"], "identity": commit_identity([root], [final])})
     run.clean_up()
+
+
+def copy_on_executors(spark: Any, pairs: list[tuple[Path, Path]]) -> None:
+    """``files.copy_file`` of each (source, target) pair in a Spark job, balanced by bytes over
+    about two tasks per core: the output's unchanged segments are the partition's bulk, and
+    the driver would otherwise read and write all of them (docs/spark.md)."""
+    if not pairs:
+        return
+    sc = spark.sparkContext
+    weighted = [((str(src), str(dst)), src.stat().st_size) for src, dst in pairs]
+    slices = balance(weighted, sc.defaultParallelism * 2)
+    sc.parallelize(slices, len(slices)).foreach(
+        lambda todo: [files.copy_file(Path(src), Path(dst)) for src, dst in todo])  # fmt: skip
 
 
 def _check_unchanged(the_log: Any, manifest: Mapping[str, Any]) -> None:

@@ -11,7 +11,7 @@ in ``Log.replace_segments`` (KAFKA_NOTES §9.10).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from cleaner.storage import files
@@ -77,22 +77,28 @@ def swap_in(log: Log, staged: list[StagedSegment], replaced: Iterable[int]) -> N
     log.replace_segments(new, old, expected_generation=log.generation)
 
 
-def assemble(source: Path, target: Path, staged: list[StagedSegment], replaced: Iterable[int]) -> None:
+def assemble(source: Path, target: Path, staged: list[StagedSegment], replaced: Iterable[int],
+             copy_all: Callable[[list[tuple[Path, Path]]], None] | None = None) -> None:
     """In ``target``, a directory no broker reads, the partition ``source`` as ``swap_in``
     would leave it, without copying what the swap replaces: every file of ``source`` but the
     replaced segments' and the producer snapshots at their bases (``replace_segments``
     deletes those), and the staged segments under their final names. ``source`` must hold no
-    leftover of an interrupted swap (the caller opens it read-only first). Fsynced."""
+    leftover of an interrupted swap (the caller opens it read-only first). Fsynced.
+    ``copy_all``: copies (source, target) pairs with ``files.copy_file`` elsewhere (a Spark
+    job's executors); by default here, one after the other."""
     replaced = set(replaced)
     new_bases = {base for base, _ in staged}
     gone = {file_name(b, kind) for b in replaced for kind in SEGMENT_FILE_SUFFIXES}
     gone |= {snapshot_file_name(b) for b in replaced - new_bases}
     target.mkdir(parents=True, exist_ok=True)
     with os.scandir(source) as it:
-        for entry in it:
-            if entry.name in gone or not entry.is_file(follow_symlinks=False):
-                continue
-            files.copy_file(Path(entry.path), target / entry.name)
+        copies = [(Path(entry.path), target / entry.name) for entry in it
+                  if entry.name not in gone and entry.is_file(follow_symlinks=False)]  # fmt: skip
+    if copy_all is not None:
+        copy_all(copies)
+    else:
+        for src, dst in copies:
+            files.copy_file(src, dst)
     for base, kinds in staged:
         for kind, src in kinds.items():
             link_or_copy(src, target / file_name(base, kind))
