@@ -7,14 +7,15 @@ partition, its objects and their sizes and ETags, which is the plan's identity -
 read on the driver but the log dir's small root files (checkpoints). Each task mirrors the
 one partition it works on (the root files and that partition's objects) onto its executor's
 local disk and runs the engine there, unchanged: the engine needs files it can ``mmap``,
-``seek`` and open by name, which an object is not.
+``seek`` and open by name, which an object is not. (The driver mirrors a partition only in a
+``report`` whose offset map would fill up: the map's cut is found with the engine there.)
 
 A mirror is keyed by the listing it was made from, so two tasks on one host share it, an
 object that changed since (another ETag or size) makes another mirror, and a download is
 checked against the listing (the GET's ETag and length): a partition rewritten between the
 listing and the download fails the task instead of mixing two states. Mirrors live under the
 executor's Spark local directory (``SPARK_LOCAL_DIRS``, which Spark removes with the
-executor), else under the system's temporary directory.
+executor), else in a temporary directory the process removes when it exits.
 
 A segment's modification time matters to the cleaner (a segment without timestamps is
 compacted or retained by it), and an object's ``Last-Modified`` is when it was uploaded:
@@ -28,6 +29,7 @@ instance role; executors need them too (``spark.executorEnv.*``).
 
 from __future__ import annotations
 
+import atexit
 import decimal
 import functools
 import hashlib
@@ -140,10 +142,18 @@ def _client_for(environment: tuple[str | None, ...]) -> Any:
 
 
 def mirror_base() -> Path:
-    """Where this process keeps mirrors: the executor's Spark local directory, else the
-    system's temporary directory."""
+    """Where this process keeps mirrors: under the executor's Spark local directory (Spark
+    removes it with the executor), else (the driver) in a temporary directory of this
+    process's own, removed when it exits."""
     local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0]
-    return Path(local or tempfile.gettempdir()) / MIRROR_DIR_NAME
+    return Path(local) / MIRROR_DIR_NAME if local else _private_base()
+
+
+@functools.cache
+def _private_base() -> Path:
+    path = Path(tempfile.mkdtemp(prefix=MIRROR_DIR_NAME + "-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def mirror(log_dir: ObjectLogDir, partition: str | None = None, *, base: Path | None = None) -> Path:
