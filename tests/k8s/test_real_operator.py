@@ -325,6 +325,24 @@ def _webhook_operator(plane: ControlPlane, tmp_path: pathlib.Path, **config: Any
         yield
 
 
+def _webhook_policy(name: str, app: str, **spec: Any) -> dict[str, Any]:
+    """A policy whose sidecar the webhook injects into the pods labelled ``app``."""
+    target = {"podSelector": {"matchLabels": {"app": app}}, "dataVolume": "data",
+              "mountPath": "/var/lib/kafka", "logDirs": ["kafka-log*"], "injection": "webhook"}  # fmt: skip
+    manifest = policy(name, target=target, **spec)
+    manifest["metadata"]["namespace"] = NS
+    return manifest
+
+
+def _opted_in_broker(app: str) -> dict[str, Any]:
+    """A broker StatefulSet named ``app`` whose pods carry the chart's opt-in label."""
+    broker = _broker()
+    broker["metadata"]["name"] = app
+    broker["spec"]["selector"]["matchLabels"] = {"app": app}
+    broker["spec"]["template"]["metadata"]["labels"] = {"app": app, "kafkacleaner.io/inject": "enabled"}
+    return broker
+
+
 @pytest.mark.parametrize("as_the_chart", ["webhook"], indirect=True)
 def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_creates(
     as_the_chart: ControlPlane, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
@@ -337,11 +355,7 @@ def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_create
     kubectl shows the warning) and the policy gets an InjectionFailed Event."""
     plane = as_the_chart
     with _webhook_operator(plane, tmp_path, expected_warnings=("webhook failed open",)):
-        target = {"podSelector": {"matchLabels": {"app": "wbroker"}}, "dataVolume": "data",
-                  "mountPath": "/var/lib/kafka", "logDirs": ["kafka-log*"], "injection": "webhook"}  # fmt: skip
-        manifest = policy("selected", target=target)
-        manifest["metadata"]["namespace"] = NS
-        _apply(plane, manifest)
+        _apply(plane, _webhook_policy("selected", "wbroker"))
         wait_for(lambda: plane.kubectl("get", "mutatingwebhookconfiguration", WEBHOOK, check=False).returncode == 0
                  and _get(plane, "configmap", "selected-kafka-cleaner"), timeout=TIMEOUT,
                  what="the webhook configuration and the policy's ConfigMap")  # fmt: skip
@@ -351,12 +365,8 @@ def test_the_api_server_calls_the_webhook_over_tls_for_pods_a_statefulset_create
         assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 5, hook
         assert hook["namespaceSelector"]["matchExpressions"][0]["operator"] == "NotIn", hook
         assert "kube-system" in hook["namespaceSelector"]["matchExpressions"][0]["values"]
-        broker = _broker()
-        broker["metadata"]["name"] = "wbroker"
-        broker["spec"]["selector"]["matchLabels"] = {"app": "wbroker"}
         # Opt-in: only pods with the chart's default label go through the webhook at all.
-        broker["spec"]["template"]["metadata"]["labels"] = {"app": "wbroker", "kafkacleaner.io/inject": "enabled"}
-        _apply(plane, broker)
+        _apply(plane, _opted_in_broker("wbroker"))
         pod = wait_for(lambda: _get(plane, "pod", "wbroker-0"), timeout=TIMEOUT, what="wbroker-0")
         found = find_sidecar(pod["spec"])
         assert found is not None and found[0] == "initContainers", pod["spec"]
@@ -408,10 +418,8 @@ def test_the_webhook_injects_the_pinned_image_and_stops_injecting_a_sidecar_it_r
     no longer injects that sidecar: the broker comes back without it."""
     plane = as_the_chart
     cluster = ApiCluster(kubernetes.config.new_client_from_config(config_file=str(plane.kubeconfig)), NS)
-    target = {"podSelector": {"matchLabels": {"app": "hbroker"}}, "dataVolume": "data",
-              "mountPath": "/var/lib/kafka", "logDirs": ["kafka-log*"], "injection": "webhook"}  # fmt: skip
-    manifest = policy("hooked", target=target, rollout={"progressDeadlineSeconds": 3}, reporting={"intervalSeconds": 1})
-    manifest["metadata"]["namespace"] = NS
+    manifest = _webhook_policy("hooked", "hbroker", rollout={"progressDeadlineSeconds": 3},
+                               reporting={"intervalSeconds": 1})
     # Stopped while the policy lives on: kopf cancels the policy's report daemon, and says so.
     with _webhook_operator(plane, tmp_path, expected_warnings=("Daemon 'report' is cancelled",)):
         _apply(plane, manifest)
@@ -420,11 +428,7 @@ def test_the_webhook_injects_the_pinned_image_and_stops_injecting_a_sidecar_it_r
 
     upgraded = "registry.example/kafka-cleaner:upgraded"
     with _webhook_operator(plane, tmp_path, sidecar_image=upgraded, expected_warnings=("has not become Ready",)):
-        broker = _broker()
-        broker["metadata"]["name"] = "hbroker"
-        broker["spec"]["selector"]["matchLabels"] = {"app": "hbroker"}
-        broker["spec"]["template"]["metadata"]["labels"] = {"app": "hbroker", "kafkacleaner.io/inject": "enabled"}
-        _apply(plane, broker)
+        _apply(plane, _opted_in_broker("hbroker"))
         pod = wait_for(lambda: (p := _get(plane, "pod", "hbroker-0")) and p["status"].get("phase") == "Running" and p,
                        timeout=TIMEOUT, what="hbroker-0 running")  # fmt: skip
         found = find_sidecar(pod["spec"])
@@ -465,17 +469,11 @@ def test_a_rollout_step_outlives_a_round_that_finds_no_pod_of_its_target(
     with no pod is made certain: the StatefulSet is scaled to 0 and back."""
     plane = as_the_chart
     cluster = ApiCluster(kubernetes.config.new_client_from_config(config_file=str(plane.kubeconfig)), NS)
-    target = {"podSelector": {"matchLabels": {"app": "sbroker"}}, "dataVolume": "data",
-              "mountPath": "/var/lib/kafka", "logDirs": ["kafka-log*"], "injection": "webhook"}  # fmt: skip
-    manifest = policy("scaled", target=target, rollout={"progressDeadlineSeconds": 3}, reporting={"intervalSeconds": 1})
-    manifest["metadata"]["namespace"] = NS
+    manifest = _webhook_policy("scaled", "sbroker", rollout={"progressDeadlineSeconds": 3},
+                               reporting={"intervalSeconds": 1})
     with _webhook_operator(plane, tmp_path, expected_warnings=("has not become Ready",)):
         _apply(plane, manifest)
-        broker = _broker()
-        broker["metadata"]["name"] = "sbroker"
-        broker["spec"]["selector"]["matchLabels"] = {"app": "sbroker"}
-        broker["spec"]["template"]["metadata"]["labels"] = {"app": "sbroker", "kafkacleaner.io/inject": "enabled"}
-        _apply(plane, broker)
+        _apply(plane, _opted_in_broker("sbroker"))
         wait_for(lambda: (p := _get(plane, "pod", "sbroker-0")) and p["status"].get("phase") == "Running"
                  and find_sidecar(p["spec"]) is not None, timeout=TIMEOUT,
                  what="sbroker-0 running with the sidecar")  # fmt: skip
