@@ -155,11 +155,11 @@ def test_compact_large_killed_in_a_later_round_then_finished(spark, tmp_path, fl
 
     commits = []
 
-    def dies_at_the_second(run, manifest, policy):  # type: ignore[no-untyped-def]
+    def dies_at_the_second(run, manifest, policy, spark=None):  # type: ignore[no-untyped-def]
         commits.append(manifest["endOffset"])
         if len(commits) == 2:
             raise InjectedFault("the driver died before round 2's commit")
-        real_commit(run, manifest, policy)
+        real_commit(run, manifest, policy, spark)
 
     real_commit = compact_large_module.commit
     monkeypatch.setattr(compact_large_module, "commit", dies_at_the_second)
