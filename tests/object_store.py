@@ -26,6 +26,7 @@ Where it differs from S3 (the server's comments say which it corrects, and how):
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import signal
@@ -74,6 +75,22 @@ class ObjectStore:
             region_name=self.region,
             config=Config(s3={"addressing_style": "path"}, **config),
         )
+
+    def upload_log_dir(self, local: Path, uri: str, threads: int = 8) -> None:
+        """A local log dir copied to ``s3://bucket/prefix`` as rclone copies one: every file an
+        object, its mtime in the ``mtime`` metadata (``cleaner.spark.object_store``), several
+        PUTs at once (a fleet is hundreds of small files)."""
+        from cleaner.spark.object_store import MTIME_METADATA, ObjectLogDir, mtime_text
+
+        log_dir, client = ObjectLogDir.parse(uri), self.client()
+
+        def put(path: Path) -> None:
+            client.put_object(Bucket=log_dir.bucket, Key=log_dir.key(path.relative_to(local).as_posix()),
+                              Body=path.read_bytes(), Metadata={MTIME_METADATA: mtime_text(path.stat().st_mtime_ns)})
+
+        todo = [p for p in sorted(local.rglob("*")) if p.is_file() and p.name != ".lock"]
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            list(pool.map(put, todo))
 
     def env(self) -> dict[str, str]:
         """The variables that make a plain ``boto3.client("s3")`` of another process use this

@@ -221,22 +221,11 @@ def _mtime_ns(metadata: Mapping[str, str]) -> int | None:
         return None
 
 
-def _mtime_text(mtime_ns: int) -> str:
+def mtime_text(mtime_ns: int) -> str:
+    """A file's time as the ``mtime`` metadata holds it (rclone's form: seconds, a fraction)."""
     return f"{mtime_ns // 10**9}.{mtime_ns % 10**9:09d}"
 
 
 def fingerprint(objects: list[ObjectInfo]) -> list[tuple[str, int, str]]:
     """The identity of a partition or of root files in a plan: names, sizes and ETags."""
     return [(o.name.rpartition("/")[2], o.size, o.etag) for o in objects]
-
-
-def upload_log_dir(local: Path, log_dir: ObjectLogDir) -> None:
-    """A local log dir copied to ``log_dir`` with each file's mtime as metadata, as ``rclone``
-    copies one (the tests' and the benchmark's way to put a fleet in a bucket)."""
-    client = _client()
-    for path in sorted(local.rglob("*")):
-        if path.is_file() and path.name != LOCK_FILE:
-            name = path.relative_to(local).as_posix()
-            client.upload_file(str(path), log_dir.bucket, log_dir.key(name),
-                               ExtraArgs={"Metadata": {MTIME_METADATA: _mtime_text(path.stat().st_mtime_ns)}})
-

@@ -86,6 +86,19 @@ def fleet_cleaned(tmp_path_factory, fleet, fleet_policy) -> Path:
 
 
 @pytest.fixture(scope="session")
+def fleet_report(spark, fleet, fleet_policy) -> list[dict]:
+    """The rows of ``spark report`` of ``fleet`` at ``NOW``, which left it as it was."""
+    from kafka_logs import snapshot_dir
+
+    from cleaner.spark.report import report
+
+    before = snapshot_dir(fleet)
+    rows, _, _ = report(spark, [fleet], fleet_policy, now_ms=NOW)
+    assert snapshot_dir(fleet) == before
+    return rows
+
+
+@pytest.fixture(scope="session")
 def large(tmp_path_factory) -> Path:
     """A log dir with one partition of dozens of gzip segments (tombstones, transactions
     with aborts), its high watermark at half the log: a first clean covers only part of

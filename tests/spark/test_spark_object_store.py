@@ -15,7 +15,7 @@ from spark_helpers import NOW, assert_same_partitions, checkpoint, compacted
 from cleaner.errors import KafkaCleanerError
 from cleaner.spark import object_store as objects
 from cleaner.spark.compact import compact
-from cleaner.spark.object_store import ObjectInfo, ObjectLogDir, mirror, upload_log_dir
+from cleaner.spark.object_store import ObjectInfo, ObjectLogDir, mirror
 from cleaner.spark.report import report
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark")]
@@ -41,11 +41,11 @@ def s3(object_store, spark):
 
 
 @pytest.fixture(scope="module")
-def fleet_in_s3(s3, fleet) -> str:
+def fleet_in_s3(s3, fleet, object_store) -> str:
     """``fleet`` copied to the bucket as rclone copies a log dir (each file's mtime kept in
     its metadata). Read-only."""
     uri = f"s3://{s3}/brokers/b1/data"
-    upload_log_dir(fleet, ObjectLogDir.parse(uri))
+    object_store.upload_log_dir(fleet, uri)
     return uri
 
 
@@ -62,11 +62,12 @@ def _driver_downloads(monkeypatch) -> list[str]:
     return read
 
 
-def test_report_from_object_storage_is_the_report_of_the_log_dir(spark, fleet, fleet_policy, fleet_in_s3, monkeypatch):
+def test_report_from_object_storage_is_the_report_of_the_log_dir(spark, fleet_report, fleet_policy, fleet_in_s3,
+                                                                  monkeypatch):
     read = _driver_downloads(monkeypatch)
     rows, outcome, _ = report(spark, [fleet_in_s3], fleet_policy, now_ms=NOW)
     assert read == []  # the driver listed the log dir and read none of its objects
-    local, _, _ = report(spark, [fleet], fleet_policy, now_ms=NOW)
+    local = fleet_report
     assert len(rows) == len(local) == 10
     for remote, here in zip(rows, local, strict=True):
         assert remote["logDir"] == remote["sourceRoot"] == fleet_in_s3
@@ -109,7 +110,7 @@ def test_a_mirror_has_the_files_their_times_and_refuses_an_object_changed_since_
     shutil.copytree(fleet, one, ignore=lambda d, names: [n for n in names if Path(d) == fleet
                                                           and (fleet / n).is_dir() and n != partition])
     log_dir = ObjectLogDir.parse(f"s3://{s3}/one/data")
-    upload_log_dir(one, log_dir)
+    object_store.upload_log_dir(one, log_dir.uri)
     assert sorted(log_dir.layout()[1]) == [partition]
     local = mirror(log_dir, partition, base=tmp_path / "mirrors")
     for src in sorted((fleet / partition).iterdir()):

@@ -33,7 +33,6 @@ import cleaner.spark.submit
 from cleaner.cli import main
 from cleaner.config import parse_policy_text
 from cleaner.spark.cli import FAULTS_ENV
-from cleaner.spark.object_store import ObjectLogDir, upload_log_dir
 from cleaner.spark.report import STATUS_COLUMNS
 from cleaner.spark.staging import MANIFEST
 
@@ -100,31 +99,16 @@ def test_report_on_the_cluster_agrees_with_status_and_a_clean(cluster, tmp_path,
             assert row["reclaimableBytes"] == reclaimed > 0
 
 
-def test_compact_on_the_cluster_is_byte_identical(cluster, tmp_path, fleet, fleet_cleaned):
-    before = snapshot_dir(fleet)
-    out = tmp_path / "out"
-    policy = policy_file(tmp_path, FLEET_POLICY)
-    submit(
-        cluster, tmp_path, "compact", str(fleet), "--policy", str(policy), "--output", str(out), "--now-ms", str(NOW)
-    )
-    assert snapshot_dir(fleet) == before
-    tps = compacted(fleet, parse_policy_text(FLEET_POLICY))
-    assert_same_partitions(fleet_cleaned, out / "data", tps)
-    assert checkpoint(out / "data") == checkpoint(fleet_cleaned)
-
-
-def test_compact_from_object_storage_on_the_cluster_is_byte_identical(
-    cluster, tmp_path, fleet, fleet_cleaned, object_store, monkeypatch
-):
-    """The fleet's log dir copied to a real S3-compatible store (rclone's layout, each file's
-    mtime in its metadata) and compacted from there: each executor mirrors the partitions of
-    its tasks onto its own local directory; the output is the bytes of a clean."""
-    for name, value in object_store.env().items():
-        monkeypatch.setenv(name, value)
+def test_compact_on_the_cluster_is_byte_identical(cluster, tmp_path, fleet, fleet_cleaned, object_store):
+    """``compact --output`` of the fleet's log dir copied to a real S3-compatible store
+    (rclone's layout, each file's mtime in its metadata), the credentials passed to the driver
+    and the executors as a user passes them: each executor mirrors the partitions of its tasks
+    onto its own local directory, and the output is the bytes of ``kafka-cleaner clean``.
+    (``compact`` of a log dir on disk: tests/spark/test_spark_compact.py, the same code.)"""
     bucket = f"standalone-{uuid.uuid4().hex[:8]}"
     object_store.client().create_bucket(Bucket=bucket)
     uri = f"s3://{bucket}/b1/data"
-    upload_log_dir(fleet, ObjectLogDir.parse(uri))
+    object_store.upload_log_dir(fleet, uri)
     out = tmp_path / "out"
     policy = policy_file(tmp_path, FLEET_POLICY)
     submit(cluster, tmp_path, "compact", uri, "--policy", str(policy), "--output", str(out), "--now-ms", str(NOW),
