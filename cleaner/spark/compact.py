@@ -310,12 +310,13 @@ def compact_partition(
 ) -> dict[str, Any]:
     """One partition: the engine's clean of a private copy, staged. A partition in object
     storage is read from its mirror on this host (``PartitionRef.localized``)."""
-    ref, local = task.ref, task.ref.localized()
+    ref = task.ref
     done = run.done / task.root_key / ref.tp.dir_name
     if (done / "result.json").exists():
         result = json.loads((done / "result.json").read_text())
         result["reused"] = True
         return result
+    local = ref.localized()
     started = _time.perf_counter()
     maybe_fail(faults, "compact")
     clock = FixedTime(now)
