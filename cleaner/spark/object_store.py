@@ -134,6 +134,8 @@ def _client() -> Any:
 
 @functools.lru_cache(maxsize=4)
 def _client_for(environment: tuple[str | None, ...]) -> Any:
+    """One client per ``environment`` (the values of ``CLIENT_ENV``: only the cache's key;
+    boto3 reads the variables itself)."""
     try:
         import boto3
     except ImportError as e:  # pragma: no cover - boto3 comes with the spark extra
