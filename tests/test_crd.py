@@ -20,7 +20,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cleaner import config
@@ -847,11 +847,17 @@ def values(node: dict[str, Any], path: str) -> st.SearchStrategy[Any]:
 
 @settings(max_examples=400)
 @given(values(SPEC, "spec").filter(lambda spec: isinstance(spec, dict)))
+@example(  # a Python-only error first, and type errors the server reports instead (a CI flake)
+    spec={"mode": "observe", "paused": 1, "rollout": [], "reporting": [],
+          "sidecar": {"resources": {"limits": {"cpu": -1}, "requests": {"cpu": "500m"}}}},
+)
 def test_api_server_and_parse_policy_agree_on_random_specs(spec: dict[str, Any]) -> None:
     server = admit(spec)
     error = python_error(spec)
-    if server == [] and error is not None and "is above the limit" in error.message:
-        return  # Python only (test_the_python_only_checks_are_the_regex_and_the_cron_semantics)
+    if error is not None and "is above the limit" in error.message:
+        # Python only (test_the_python_only_checks_are_the_regex_and_the_cron_semantics): the
+        # server admits the spec or refuses it for another field; nothing here to compare.
+        return
     assert (server == []) == (error is None), (server, error)
     if error is not None:
         # The model reports its first error; the server reports all: the first is among them.
