@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import json
 import time
 import urllib.request
@@ -29,21 +30,38 @@ NS = "default"
 IMAGE = "registry.example/kafka-cleaner:e2e"
 
 
+def described(predicate: Callable[[], Any], what: str = "") -> str:
+    """``what``, or else the source of ``predicate`` (the lambda's own text where it can be
+    cut out of its line): a timeout names the condition, never ``<function <lambda>>``."""
+    if what:
+        return what
+    try:
+        source = " ".join(line.strip() for line in inspect.getsource(predicate).splitlines())
+    except (OSError, TypeError):
+        return repr(predicate)
+    start = source.find("lambda")
+    return source[start:] if start >= 0 else source
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 45.0, what: str = "", interval: float = 0.05) -> Any:
     """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout``
-    seconds with ``what`` and the last value. Lookups that fail (an API error, a missing key)
-    count as "not yet". Generous timeouts: CI machines are small and busy."""
+    seconds naming what it waited for (``what``, else the predicate's source), the last value
+    and the last lookup that failed. Lookups that fail (an API error, a missing key) count as
+    "not yet". Generous timeouts: CI machines are small and busy."""
     deadline = time.monotonic() + timeout
     last: Any = None
+    failure: Exception | None = None
     while time.monotonic() < deadline:
         try:
             last = predicate()
             if last:
                 return last
-        except (ApiException, KeyError, IndexError, TypeError):
-            pass
+        except (ApiException, KeyError, IndexError, TypeError) as e:
+            failure = e
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}; last: {last!r}")
+    failed = f"; last failed lookup: {type(failure).__name__}: {str(failure)[:300]}" if failure is not None else ""
+    raise AssertionError(f"timed out after {timeout} s waiting for {described(predicate, what)}; "
+                         f"last: {last!r}{failed}")
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ from compaction_operator.kube import Kube
 from compaction_operator.leader import LeaseElector
 from control_plane import CHART_ACCOUNT, CHART_NAMESPACE, ControlPlane, available, missing_reason
 from kubernetes.client import CustomObjectsApi
+from operator_helpers import described
 from ports import free_port
 
 from cleaner.clock import MockTime
@@ -49,7 +50,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 45.0, what: str = ""
             if result := predicate():
                 return result
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {described(predicate, what)}")
 
 
 def http_status(url: str) -> int:
