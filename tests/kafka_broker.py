@@ -10,6 +10,8 @@ tuned for short tests on 2 cores (serial GC, C1 only, 512 MiB heap).
 A broker's JVM maps a class-data archive of the line (AppCDS, ``class_archive``): the first
 broker of a line that stops cleanly writes it, every later JVM of the line starts from it
 (a broker starts in 1.4 s instead of 3.1 s; the crash-start test starts one 25 times a line).
+A broker's dirs are formatted by ``kafka-storage format`` once per process and settings, then
+copied (``RealBroker._format``): the brokers of one worker then share a cluster id.
 
 The data log dir and the metadata log dir are separate by default (``metadata.log.dir``):
 a sidecar given only the data dir then does not see the cluster's topic configs, as with a
@@ -19,6 +21,7 @@ broker whose metadata lives on another volume. The broker's own cleaner is off b
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import functools
@@ -27,6 +30,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -84,6 +88,10 @@ log4j.appender.out.layout.ConversionPattern=[%d] %p %m (%c)%n
 """
 
 
+#: Formatted dirs by what their format depended on (``RealBroker._format_key``), per process.
+_FORMATTED: dict[str, Path] = {}
+
+
 def _new_cluster_id() -> str:
     cluster_id = "-"
     while cluster_id.startswith("-"):  # as Kafka's Uuid.randomUuid: "-..." reads as an option
@@ -120,6 +128,7 @@ class RealBroker:
         self._archive_out: Path | None = None
         """Where the running JVM writes the line's class-data archive at its exit, if it does."""
         self.cluster_id = quorum.cluster_id if quorum is not None else _new_cluster_id()
+        self.quorum_member = quorum is not None
         controller = f"CONTROLLER://127.0.0.1:{self.controller_port}"
         broker = f"PLAINTEXT://127.0.0.1:{self.port}"
         listeners = {"controller": [controller], "broker": [broker]}.get(roles, [broker, controller])
@@ -223,7 +232,34 @@ class RealBroker:
             return {}
         return {"user": self.user[0], "group": self.user[1], "extra_groups": [self.user[1]]}
 
+    def _format_dirs(self) -> list[Path]:
+        """The dirs ``kafka-storage format`` writes: every log dir, then the metadata dir."""
+        dirs = [Path(d) for d in self.settings["log.dirs"].split(",")]
+        metadata = Path(self.settings["metadata.log.dir"])
+        return dirs if metadata in dirs else [*dirs, metadata]
+
+    def _format_key(self, dirs: list[Path]) -> str | None:
+        """What a format's files depend on, or None for a format that is never shared (a node
+        joining another node's quorum takes its cluster id; another uid owns its files)."""
+        if self.quorum_member or self.user is not None:
+            return None
+        per_broker = {"listeners", "advertised.listeners", "controller.quorum.voters", "log.dirs", "metadata.log.dir"}
+        settings = sorted((k, v) for k, v in self.settings.items() if k not in per_broker)
+        metadata = dirs.index(Path(self.settings["metadata.log.dir"]))
+        return repr((self.line, len(dirs), metadata, settings))
+
     def _format(self) -> None:
+        """``kafka-storage format``, or a copy of the files a format with the same settings
+        wrote before in this process (a format is a JVM, about a second of CPU; its files
+        differ from one format to the next only in the random cluster and directory ids)."""
+        dirs = self._format_dirs()
+        key = self._format_key(dirs)
+        template = _FORMATTED.get(key) if key is not None else None
+        if template is not None:
+            for n, d in enumerate(dirs):
+                shutil.copytree(template / str(n), d, dirs_exist_ok=True)
+            self.cluster_id = (template / "cluster.id").read_text()
+            return
         out = subprocess.run(
             self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(self.config)),
             capture_output=True,
@@ -233,6 +269,13 @@ class RealBroker:
             **self._as_user(),  # type: ignore[call-overload]
         )
         assert out.returncode == 0, out.stdout + out.stderr
+        if key is not None:
+            template = Path(tempfile.mkdtemp(prefix="kafka-format-"))
+            atexit.register(shutil.rmtree, template, True)
+            for n, d in enumerate(dirs):
+                shutil.copytree(d, template / str(n))
+            (template / "cluster.id").write_text(self.cluster_id)
+            _FORMATTED[key] = template
 
     def run_tool(self, main: str, *args: str, check: bool = True) -> str:
         """One of Kafka's own command-line tools (``kafka.admin.ConfigCommand``, ...) from this
