@@ -3,6 +3,7 @@
 //! the GIL while it works, so cleaner threads run in parallel.
 
 mod batches;
+mod codecs;
 mod offset_map;
 mod records;
 mod varint;
@@ -10,6 +11,7 @@ mod varint;
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -330,6 +332,239 @@ fn crc32c_spans<'py>(
     Ok(crcs.into_pyarray(py))
 }
 
+/// The first unreadable section of a chunk: (batch, reason, position in the section).
+type SectionProblem = (usize, String, Option<usize>);
+type Decompressed<'py> = (
+    Option<Bound<'py, PyBytes>>,
+    Option<Bound<'py, PyArray1<i64>>>,
+    Option<Bound<'py, PyArray1<i64>>>,
+    Option<SectionProblem>,
+);
+
+/// Sections' starts, ends, codecs and magics.
+type SectionArgs<'a> = (&'a [i64], &'a [i64], &'a [i64], &'a [i64]);
+
+/// The per-section arguments of `decompress_sections` and `compress_sections`, checked.
+fn section_args<'a>(
+    data: &'a [u8],
+    starts: &'a PyReadonlyArray1<'_, i64>,
+    ends: &'a PyReadonlyArray1<'_, i64>,
+    codec_ids: &'a PyReadonlyArray1<'_, i64>,
+    magics: &'a PyReadonlyArray1<'_, i64>,
+    threads: Option<usize>,
+) -> PyResult<SectionArgs<'a>> {
+    let (s, e) = checked_spans(starts, ends, data.len(), "section")?;
+    let (c, m) = (codec_ids.as_slice()?, magics.as_slice()?);
+    if c.len() != s.len() || m.len() != s.len() {
+        return Err(PyValueError::new_err("one codec and one magic per section"));
+    }
+    if threads == Some(0) {
+        return Err(PyValueError::new_err("threads must be at least 1"));
+    }
+    Ok((s, e, c, m))
+}
+
+/// Runs of sections for the threads: about equal input bytes each.
+fn section_runs(s: &[i64], e: &[i64], threads: Option<usize>) -> Vec<std::ops::Range<usize>> {
+    let lengths: Vec<usize> = s.iter().zip(e).map(|(&a, &b)| (b - a) as usize).collect();
+    let total = lengths.iter().sum();
+    codecs::split(
+        &lengths,
+        codecs::thread_count(threads, total, lengths.len()),
+    )
+}
+
+/// The parts' outputs as one bytes object (copied in with the GIL released: the new object
+/// is not visible to any other code yet) and each section's `(start, end)` in it.
+fn join_parts<'py>(
+    py: Python<'py>,
+    parts: Vec<codecs::Part>,
+) -> PyResult<(Bound<'py, PyBytes>, Vec<i64>, Vec<i64>)> {
+    let total: usize = parts.iter().map(|p| p.out.len()).sum();
+    let size = isize::try_from(total).map_err(|_| PyValueError::new_err("output too large"))?;
+    // SAFETY: a new, uninitialized bytes object of `total` bytes (filled below before any
+    // Python code can see it); PyBytes_AsString of a bytes object is its buffer.
+    let (out, buf) = unsafe {
+        let ptr = ffi::PyBytes_FromStringAndSize(std::ptr::null(), size);
+        if ptr.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        let buf = ffi::PyBytes_AsString(ptr) as usize;
+        (
+            Bound::from_owned_ptr(py, ptr).downcast_into_unchecked::<PyBytes>(),
+            buf,
+        )
+    };
+    let mut starts = Vec::with_capacity(parts.iter().map(|p| p.spans.len()).sum());
+    let mut ends = Vec::with_capacity(starts.capacity());
+    let mut at = 0;
+    for part in &parts {
+        for &(a, b) in &part.spans {
+            starts.push((at + a) as i64);
+            ends.push((at + b) as i64);
+        }
+        at += part.out.len();
+    }
+    py.allow_threads(|| {
+        let mut at = 0;
+        for part in &parts {
+            // SAFETY: `buf` has `total` bytes; the parts fill it exactly, in order.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    part.out.as_ptr(),
+                    (buf + at) as *mut u8,
+                    part.out.len(),
+                )
+            };
+            at += part.out.len();
+        }
+    });
+    Ok((out, starts, ends))
+}
+
+/// Decompress the records sections `data[starts[i]..ends[i]]` (codec ids `codecs[i]`: 0
+/// copied as is, 3 lz4, 4 zstd; batch magics `magics[i]`) into one bytes object, with the
+/// GIL released and on up to `threads` threads (default: the usable cores, at most 4, one
+/// per 256 KiB of input). Returns `(bytes, starts, ends, None)` with each section's span in
+/// the bytes, or `(None, None, None, (batch, reason, position))` for the first section
+/// Kafka's readers would reject. `max_size` bounds each section's decompressed size.
+#[pyfunction]
+#[pyo3(signature = (data, starts, ends, codecs, magics, max_size = None, threads = None))]
+#[allow(clippy::too_many_arguments)]
+fn decompress_sections<'py>(
+    py: Python<'py>,
+    data: PyBuffer<u8>,
+    starts: PyReadonlyArray1<'py, i64>,
+    ends: PyReadonlyArray1<'py, i64>,
+    codecs: PyReadonlyArray1<'py, i64>,
+    magics: PyReadonlyArray1<'py, i64>,
+    max_size: Option<usize>,
+    threads: Option<usize>,
+) -> PyResult<Decompressed<'py>> {
+    let bytes = contiguous(&data)?;
+    let (s, e, c, m) = section_args(bytes, &starts, &ends, &codecs, &magics, threads)?;
+    let result = py.allow_threads(|| {
+        let runs = section_runs(s, e, threads);
+        codecs::run_parts(&runs, |run| {
+            codecs::decompress_run(bytes, s, e, c, m, max_size, run)
+        })
+    });
+    match result {
+        Ok(parts) => {
+            let (out, starts, ends) = join_parts(py, parts)?;
+            Ok((
+                Some(out),
+                Some(starts.into_pyarray(py)),
+                Some(ends.into_pyarray(py)),
+                None,
+            ))
+        }
+        Err(p) => Ok((
+            None,
+            None,
+            None,
+            Some((p.batch, p.corrupt.reason, p.corrupt.position)),
+        )),
+    }
+}
+
+/// Compress the sections `data[starts[i]..ends[i]]` with codec ids `codecs[i]` (0 copied as
+/// is, 3 lz4, 4 zstd) as Kafka's writers would, into one bytes object, with the GIL released
+/// and on up to `threads` threads (default as for `decompress_sections`). Returns the bytes
+/// and the n + 1 bounds of the compressed sections in them.
+#[pyfunction]
+#[pyo3(signature = (data, starts, ends, codecs, magics, threads = None))]
+fn compress_sections<'py>(
+    py: Python<'py>,
+    data: PyBuffer<u8>,
+    starts: PyReadonlyArray1<'py, i64>,
+    ends: PyReadonlyArray1<'py, i64>,
+    codecs: PyReadonlyArray1<'py, i64>,
+    magics: PyReadonlyArray1<'py, i64>,
+    threads: Option<usize>,
+) -> PyResult<BytesEnds<'py>> {
+    let bytes = contiguous(&data)?;
+    let (s, e, c, m) = section_args(bytes, &starts, &ends, &codecs, &magics, threads)?;
+    if let Some(bad) = c
+        .iter()
+        .find(|&&id| ![codecs::NONE, codecs::LZ4, codecs::ZSTD].contains(&id))
+    {
+        return Err(PyValueError::new_err(format!(
+            "codec {bad} is not compressed in the compiled core (0, 3 and 4 are)"
+        )));
+    }
+    let parts = py
+        .allow_threads(|| {
+            let runs = section_runs(s, e, threads);
+            codecs::run_parts(&runs, |run| {
+                Ok(codecs::compress_run(bytes, s, e, c, m, run))
+            })
+        })
+        .unwrap_or_else(|_: codecs::Problem| unreachable!("compression does not fail"));
+    let (out, starts, ends) = join_parts(py, parts)?;
+    let mut bounds = Vec::with_capacity(ends.len() + 1);
+    bounds.push(starts.first().copied().unwrap_or(0));
+    bounds.extend(ends);
+    Ok((out, bounds.into_pyarray(py)))
+}
+
+type OneSection<'py> = (Option<Bound<'py, PyBytes>>, Option<(String, Option<usize>)>);
+
+/// One section decompressed: `(bytes, None)` or `(None, (reason, position))`.
+#[pyfunction]
+#[pyo3(signature = (codec, data, max_size = None, magic = 2))]
+fn decompress_section<'py>(
+    py: Python<'py>,
+    codec: i64,
+    data: PyBuffer<u8>,
+    max_size: Option<usize>,
+    magic: i64,
+) -> PyResult<OneSection<'py>> {
+    let bytes = contiguous(&data)?;
+    let result = py.allow_threads(|| {
+        codecs::with_dctx(|dctx| {
+            let mut out = Vec::new();
+            codecs::decompress_into(&mut out, codec, magic, bytes, max_size, dctx).map(|()| out)
+        })
+    });
+    Ok(match result {
+        Ok(out) => (Some(PyBytes::new(py, &out)), None),
+        Err(c) => (None, Some((c.reason, c.position))),
+    })
+}
+
+/// One section compressed as Kafka's writer for `codec` (3 lz4, 4 zstd) writes it; for lz4,
+/// magic 0 writes the broken header checksum of v0 wrappers.
+#[pyfunction]
+#[pyo3(signature = (codec, data, magic = 2))]
+fn compress_section<'py>(
+    py: Python<'py>,
+    codec: i64,
+    data: PyBuffer<u8>,
+    magic: i64,
+) -> PyResult<Bound<'py, PyBytes>> {
+    if codec != codecs::LZ4 && codec != codecs::ZSTD {
+        return Err(PyValueError::new_err(format!(
+            "codec {codec} is not compressed in the compiled core (3 and 4 are)"
+        )));
+    }
+    let bytes = contiguous(&data)?;
+    let out = py.allow_threads(|| {
+        codecs::with_cctx(|cctx| {
+            let mut out = Vec::new();
+            codecs::compress_into(&mut out, codec, magic, bytes, cctx);
+            out
+        })
+    });
+    Ok(PyBytes::new(py, &out))
+}
+
+/// The LZ4 frame descriptor Kafka writes for a batch of `magic` (7 bytes).
+#[pyfunction]
+fn lz4_header(py: Python<'_>, magic: i64) -> Bound<'_, PyBytes> {
+    PyBytes::new(py, &codecs::lz4_header(magic))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reencode_records, m)?)?;
@@ -341,5 +576,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(digest_keys, m)?)?;
     m.add_function(wrap_pyfunction!(crc32c_of, m)?)?;
     m.add_function(wrap_pyfunction!(crc32c_spans, m)?)?;
+    m.add_function(wrap_pyfunction!(decompress_sections, m)?)?;
+    m.add_function(wrap_pyfunction!(compress_sections, m)?)?;
+    m.add_function(wrap_pyfunction!(decompress_section, m)?)?;
+    m.add_function(wrap_pyfunction!(compress_section, m)?)?;
+    m.add_function(wrap_pyfunction!(lz4_header, m)?)?;
     Ok(())
 }
