@@ -19,9 +19,10 @@ Kafka's ``Lz4BlockOutputStream`` logic over lz4-java, and zstd-jni ``ZstdOutputS
 - snappy: xerial framing (``SnappyOutputStream``): a 16-byte header, then one chunk per
   32 KiB of input, each ``int32 BE length`` + a raw snappy block. Not the official snappy
   framing format (``python-snappy``'s ``StreamCompressor``), which Kafka cannot read.
-- lz4: an LZ4 frame with *independent* 64 KiB blocks, no content size, no checksums
-  (``Lz4BlockOutputStream``). Kafka's reader rejects linked blocks, so ``block_linked=False``
-  is not optional.
+- lz4: an LZ4 frame with *independent* 64 KiB blocks, no content size, no checksums, each
+  block compressed by liblz4's fast compressor (Kafka's default "level 9" selects lz4-java's
+  fast compressor) and stored as is when that does not make it smaller
+  (``Lz4BlockOutputStream``). Kafka's reader rejects linked blocks.
 - zstd: level 3, one frame without content size, ended the way ``ZstdOutputStream`` ends it
   (a flush, then the end of the frame).
 
@@ -31,24 +32,25 @@ their leniencies, and turns every failure into ``CorruptRecordError`` with a buf
 position where one is meaningful. ``max_size`` caps the decompressed size so that a small
 corrupt or hostile batch cannot exhaust memory.
 
-Every codec runs in C (zlib, cramjam's snappy, python-lz4, zstandard/cramjam's zstd); Python
-only walks frame and chunk headers, once per block (>= 32 KiB of data), never per byte.
+Where each codec runs. lz4 and zstd run in the compiled core (``native/src/codecs.rs``,
+over the liblz4 and libzstd that ``lz4-sys`` and ``zstd-sys`` bundle, the C code lz4-java
+and zstd-jni call), frame parsing and every check included, with the GIL released: the
+functions here call it for one section, and ``cleaner.records.columns`` and
+``cleaner.records.builder`` call it for a whole chunk's sections at once (one output
+buffer, optionally on several threads). gzip (zlib) and snappy (cramjam) run here, Python
+walking their member and chunk headers once per block (>= 32 KiB of data), never per byte.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 import struct
-import threading
 import zlib
 
 import cramjam
-import lz4.block
-import lz4.frame
-import numpy as np
-import xxhash
-import zstandard
 
+from cleaner import _native
 from cleaner.errors import CorruptRecordError
 
 BytesLike = bytes | bytearray | memoryview
@@ -84,15 +86,11 @@ class CompressionType(enum.IntEnum):
         return self.name.lower()
 
 
-# Default levels, as Kafka's CompressionType: gzip Deflater.DEFAULT_COMPRESSION (= 6), zstd 3.
-# For lz4 Kafka's default "level 9" selects lz4-java's *fast* compressor (Lz4BlockOutputStream
-# uses the high compressor only for non-default levels), which is lz4.frame's level 0.
+# Default level, as Kafka's CompressionType: gzip Deflater.DEFAULT_COMPRESSION (= 6). (zstd's
+# level 3 and lz4's fast compressor are set in the compiled core.)
 GZIP_LEVEL = 6
-ZSTD_LEVEL = 3
-LZ4_LEVEL = 0
 
 _INT32_BE = struct.Struct(">i")
-_UINT32_LE = struct.Struct("<I")
 _UINT16_LE = struct.Struct("<H")
 _GZIP_TRAILER = struct.Struct("<II")
 
@@ -115,36 +113,32 @@ XERIAL_BLOCK_SIZE = 32 * 1024
 # FLG 0x60 (version 01, independent blocks, no checksums, no content size), BD 0x40 (64 KiB
 # blocks), HC = second byte of xxhash32(FLG, BD). Magic v0 wrappers carry Kafka's old broken
 # HC, computed over the magic bytes as well (KAFKA-3160); Kafka still writes it for v0.
-LZ4_MAGIC = b"\x04\x22\x4d\x18"
-LZ4_FLG = 0x60
-LZ4_BD = 0x40
-LZ4_HEADER = LZ4_MAGIC + bytes((LZ4_FLG, LZ4_BD, (xxhash.xxh32_intdigest(bytes((LZ4_FLG, LZ4_BD))) >> 8) & 0xFF))
-LZ4_V0_HC = (xxhash.xxh32_intdigest(LZ4_HEADER[:6]) >> 8) & 0xFF
-_LZ4_UNCOMPRESSED_BLOCK = 0x80000000
-_LZ4_FLG_VERSION, _LZ4_FLG_INDEPENDENT, _LZ4_FLG_BLOCK_CHECKSUM = 0xC0, 0x20, 0x10
-_LZ4_FLG_CONTENT_SIZE, _LZ4_FLG_CONTENT_CHECKSUM, _LZ4_FLG_RESERVED = 0x08, 0x04, 0x03
+# (The compiled core reads and writes lz4 frames; these are for callers and tests.)
+LZ4_HEADER = _native.lz4_header(2)
+LZ4_V0_HC = _native.lz4_header(0)[6]
 
-# What ZstdOutputStream emits when closed without any input (zstd itself picks a
-# single-segment header with content size 0 when the whole input arrives with the end call).
-_ZSTD_EMPTY_FRAME = bytes.fromhex("28b52ffd2000010000")
+# Codec ids the compiled core reads and writes (``native/src/codecs.rs``).
+NATIVE_CODECS = frozenset((CompressionType.LZ4, CompressionType.ZSTD))
 
-_local = threading.local()  # zstd contexts are not thread-safe; one pair per thread
+CODEC_THREADS_ENV = "KAFKA_CLEANER_CODEC_THREADS"
 
 
-def _zstd_compressor() -> zstandard.ZstdCompressor:
-    c = getattr(_local, "zstd_compressor", None)
-    if c is None:
-        c = _local.zstd_compressor = zstandard.ZstdCompressor(
-            level=ZSTD_LEVEL, write_content_size=False, write_checksum=False
-        )
-    return c
-
-
-def _zstd_decompressor() -> zstandard.ZstdDecompressor:
-    d = getattr(_local, "zstd_decompressor", None)
-    if d is None:
-        d = _local.zstd_decompressor = zstandard.ZstdDecompressor()
-    return d
+def codec_threads() -> int | None:
+    """Threads for one chunk's lz4/zstd sections: ``$KAFKA_CLEANER_CODEC_THREADS`` if set
+    (1 for a process that already runs a cleaner thread per core), else None, the compiled
+    core's default: the cores this process may use, at most 4, and one thread per 256 KiB
+    of input at most (a chunk of the cleaner's 4 MiB reads uses them all; a small one stays
+    on the calling thread, where starting threads would cost more than they save)."""
+    value = os.environ.get(CODEC_THREADS_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ValueError(f"{CODEC_THREADS_ENV} must be a whole number >= 1, got {value!r}")
+    return threads
 
 
 def _byte_view(data: BytesLike) -> memoryview:
@@ -175,9 +169,7 @@ def compress(codec: CompressionType | int, data: BytesLike, *, magic: int = 2) -
         return _gzip_compress(mv)
     if codec is CompressionType.SNAPPY:
         return _snappy_compress(mv)
-    if codec is CompressionType.LZ4:
-        return _lz4_compress(mv, magic)
-    return _zstd_compress(mv)
+    return _native.compress_section(int(codec), mv, magic)
 
 
 def _codec_for_writing(codec: CompressionType | int) -> CompressionType:
@@ -206,38 +198,6 @@ def _snappy_compress(mv: memoryview) -> bytes:
         parts.append(_INT32_BE.pack(len(block)))
         parts.append(block)
     return b"".join(parts)
-
-
-def _lz4_compress(mv: memoryview, magic: int) -> bytes:
-    # block_linked=False: Lz4BlockInputStream throws "Dependent block stream is unsupported"
-    # on linked blocks, which are python-lz4's default. store_size/content_checksum off: Kafka
-    # never writes them, and leaving them out keeps the bytes equal to Kafka's.
-    out = lz4.frame.compress(
-        mv,
-        compression_level=LZ4_LEVEL,
-        block_size=lz4.frame.BLOCKSIZE_MAX64KB,
-        block_linked=False,
-        content_checksum=False,
-        block_checksum=False,
-        store_size=False,
-        return_bytearray=False,
-    )
-    if out[:7] != LZ4_HEADER:  # a changed library default would silently change our bytes
-        raise RuntimeError(f"lz4.frame wrote an unexpected frame descriptor {out[:7].hex()}")
-    if magic == 0:
-        out = b"".join((out[:6], bytes((LZ4_V0_HC,)), out[7:]))
-    return out
-
-
-def _zstd_compress(mv: memoryview) -> bytes:
-    if mv.nbytes == 0:
-        return _ZSTD_EMPTY_FRAME
-    # Kafka streams records into ZstdOutputStreamNoFinalizer (content size unknown, so none is
-    # written); closing the BufferedOutputStream around it flushes (ZSTD_e_flush) and then
-    # ends the frame (ZSTD_e_end). The flush closes the current block, so it changes the
-    # bytes: reproduce both steps.
-    cobj = _zstd_compressor().compressobj()
-    return b"".join((cobj.compress(mv), cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK), cobj.flush()))
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,9 +234,11 @@ def decompress(
         return _gzip_decompress(mv, max_size)
     if codec is CompressionType.SNAPPY:
         return _snappy_decompress(mv, max_size)
-    if codec is CompressionType.LZ4:
-        return _lz4_decompress(mv, max_size, magic)
-    return _zstd_decompress(mv, max_size)
+    out, problem = _native.decompress_section(int(codec), mv, max_size, magic)
+    if problem is not None:
+        reason, position = problem
+        raise CorruptRecordError(reason, position=position)
+    return out
 
 
 def _too_large(max_size: int) -> CorruptRecordError:
@@ -463,158 +425,3 @@ def _snappy_raw(block: memoryview, max_size: int | None, produced: int, position
     if len(out) != expected:
         raise CorruptRecordError("snappy: block decompressed to a size other than declared", position=position)
     return out
-
-
-# lz4 -----------------------------------------------------------------------------------------
-
-
-def _lz4_decompress(mv: memoryview, max_size: int | None, magic: int) -> bytes:
-    """Read one LZ4 frame with the checks of Kafka's ``Lz4BlockInputStream``.
-
-    Required: magic 0x184D2204, FLG version 01, reserved bits 0, block independence
-    ("dependent block stream is unsupported"), BD with reserved bits 0 and a block-size code
-    4..7. The HC byte is verified unless ``magic`` is 0 (old Kafka wrote a broken one). A
-    content size, if flagged, is skipped; block checksums, if flagged, are verified; a content
-    checksum, if flagged, must be present but is not verified (Kafka reads and ignores it).
-    Blocks with the high bit of their size set are stored uncompressed. Bytes after the end
-    mark are ignored, as Kafka's reader stops there.
-    """
-    n = mv.nbytes
-    if n < 6:
-        raise CorruptRecordError("lz4: stream ended prematurely (frame header)", position=0)
-    if mv[:4] != LZ4_MAGIC:
-        raise CorruptRecordError("lz4: stream unsupported (invalid magic bytes)", position=0)
-    flg, bd = mv[4], mv[5]
-    if flg & _LZ4_FLG_RESERVED:
-        raise CorruptRecordError("lz4: reserved FLG bits must be 0", position=4)
-    if not flg & _LZ4_FLG_INDEPENDENT:
-        raise CorruptRecordError(
-            "lz4: dependent block stream is unsupported (block independence flag not set)", position=4
-        )
-    if flg & _LZ4_FLG_VERSION != 0x40:
-        raise CorruptRecordError(f"lz4: frame version {flg >> 6} is unsupported", position=4)
-    if bd & 0x8F:
-        raise CorruptRecordError("lz4: reserved BD bits must be 0", position=5)
-    code = (bd >> 4) & 0x07
-    if code < 4:
-        raise CorruptRecordError(f"lz4: block size code {code} is not between 4 and 7", position=5)
-    max_block = 1 << (2 * code + 8)
-    pos = 6
-    if flg & _LZ4_FLG_CONTENT_SIZE:
-        if n - pos < 8:
-            raise CorruptRecordError("lz4: stream ended prematurely (content size)", position=pos)
-        pos += 8
-    if pos >= n:
-        raise CorruptRecordError("lz4: stream ended prematurely (header checksum)", position=pos)
-    if magic >= 1 and mv[pos] != (xxhash.xxh32_intdigest(mv[4:pos]) >> 8) & 0xFF:
-        raise CorruptRecordError("lz4: stream frame descriptor corrupted (HC mismatch)", position=pos)
-    pos += 1
-
-    block_checksum = bool(flg & _LZ4_FLG_BLOCK_CHECKSUM)
-    parts: list[BytesLike] = []
-    total = 0
-    unpack_size = _UINT32_LE.unpack_from
-    decompress_block = lz4.block.decompress
-    while True:
-        if n - pos < 4:
-            raise CorruptRecordError("lz4: stream ended prematurely (block size or end mark)", position=pos)
-        (word,) = unpack_size(mv, pos)
-        size = word & ~_LZ4_UNCOMPRESSED_BLOCK
-        if size == 0:  # end mark (Kafka masks the high bit first, so 0x80000000 ends too)
-            pos += 4
-            if flg & _LZ4_FLG_CONTENT_CHECKSUM and n - pos < 4:
-                raise CorruptRecordError("lz4: stream ended prematurely (content checksum)", position=pos)
-            break
-        if size > max_block:
-            raise CorruptRecordError(f"lz4: block size {size} exceeded max: {max_block}", position=pos)
-        start = pos + 4
-        end = start + size
-        if end > n:
-            raise CorruptRecordError("lz4: stream ended prematurely (block data)", position=pos)
-        block = mv[start:end]
-        if block_checksum:
-            if n - end < 4:
-                raise CorruptRecordError("lz4: stream ended prematurely (block checksum)", position=end)
-            if unpack_size(mv, end)[0] != xxhash.xxh32_intdigest(block):
-                raise CorruptRecordError("lz4: block checksum mismatch", position=end)
-            end += 4
-        if word & _LZ4_UNCOMPRESSED_BLOCK:
-            out: BytesLike = block  # stored as is; joined below without an extra copy
-        else:
-            try:
-                out = decompress_block(block, uncompressed_size=max_block)
-            except lz4.block.LZ4BlockError:
-                raise CorruptRecordError("lz4: invalid compressed block", position=pos) from None
-        total += len(out)
-        if max_size is not None and total > max_size:
-            raise _too_large(max_size)
-        parts.append(out)
-        pos = end
-    return _join(parts)
-
-
-# zstd ----------------------------------------------------------------------------------------
-
-
-def _zstd_decompress(mv: memoryview, max_size: int | None) -> bytes:
-    """Read zstd frames the way zstd-jni's ``ZstdInputStreamNoFinalizer`` does.
-
-    Any number of frames, with or without content size, skippable frames skipped; a truncated
-    frame or trailing bytes that are not a frame are errors; an empty input is an empty
-    output (zstd-jni returns end-of-stream at once). Content checksums, if present, are
-    verified by libzstd, as by zstd-jni.
-    """
-    if mv.nbytes == 0:
-        return b""
-    if max_size is not None:
-        return _zstd_decompress_bounded(mv, max_size)
-    dctx = _zstd_decompressor()
-    parts: list[bytes] = []
-    rest: BytesLike = mv
-    consumed = 0
-    while True:
-        dobj = dctx.decompressobj()
-        try:
-            parts.append(dobj.decompress(rest))
-        except zstandard.ZstdError as e:
-            raise CorruptRecordError(f"zstd: {_zstd_reason(e)}", position=consumed) from None
-        if not dobj.eof:
-            raise CorruptRecordError("zstd: truncated frame", position=mv.nbytes)
-        tail = dobj.unused_data
-        if not tail:
-            return _join(parts)
-        consumed = mv.nbytes - len(tail)
-        rest = tail
-
-
-_ZSTD_FIRST_GUESS_RATIO = 16  # Kafka batches rarely compress better than this
-_ZSTD_MIN_GUESS = 1 << 20
-
-
-def _zstd_decompress_bounded(mv: memoryview, max_size: int) -> bytes:
-    # Decompress straight into a fixed buffer: libzstd stops with "failed to write whole
-    # buffer" instead of growing it, so nothing past the buffer is ever allocated. The first
-    # buffer is a guess (a generous max_size should not cost its full size for every batch);
-    # a result that does not fit is retried in a 4x larger buffer, up to max_size. np.empty
-    # does not touch the pages it does not need.
-    capacity = min(max_size, max(_ZSTD_MIN_GUESS, _ZSTD_FIRST_GUESS_RATIO * mv.nbytes))
-    while True:
-        out = np.empty(capacity, dtype=np.uint8)
-        try:
-            written = cramjam.zstd.decompress_into(mv, out)
-        except cramjam.DecompressionError as e:
-            if "whole buffer" not in str(e):
-                raise CorruptRecordError(f"zstd: {e}") from None
-            if capacity >= max_size:
-                raise _too_large(max_size) from None
-            capacity = min(max_size, capacity * 4)
-            continue
-        return out[:written].tobytes()
-
-
-def _zstd_reason(e: zstandard.ZstdError) -> str:
-    text = str(e)
-    for prefix in ("zstd decompressor error: ", "zstd decompress error: "):
-        if text.startswith(prefix):
-            return text[len(prefix) :]
-    return text
