@@ -4,7 +4,10 @@ A v2 record is a run of varints (``length, attributes, timestampDelta, offsetDel
 keyLength, key, valueLength, value, headerCount, headers``), so record *i+1* starts where
 record *i* ends: a sequential walk, done by the compiled core (``native/src/records.rs``)
 in one pass over every record of every batch of a chunk, with Kafka's structural checks
-(``DefaultRecord.readFrom``). Decompression and the checks on whole batches stay here.
+(``DefaultRecord.readFrom``). The compiled core also decompresses a chunk's lz4 and zstd
+sections, all into one buffer (``native/src/codecs.rs``); gzip and snappy sections are
+decompressed here, through ``cleaner.records.compression``. The checks on whole batches
+stay here.
 
 The result never copies keys or values: it holds spans into one buffer (the log bytes
 for uncompressed batches, the decompressed sections otherwise). The cleaner needs only
@@ -21,7 +24,7 @@ import numpy as np
 from cleaner import _native
 from cleaner.errors import CorruptRecordError
 from cleaner.records.batch import RECORD_BATCH_OVERHEAD
-from cleaner.records.compression import decompress
+from cleaner.records.compression import NATIVE_CODECS, codec_threads, decompress
 from cleaner.records.record import Header, Record
 from cleaner.records.scan import Batches
 from cleaner.records.varint import decode_varint
@@ -160,6 +163,36 @@ def decode_records(
 def _decompress_sections(
     batches: Batches, compressed: np.ndarray, max_bytes: int | None
 ) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """Every batch's records section, decompressed where ``compressed``, in one buffer;
+    each batch's (start, end) in it (empty for a batch of zero records, which Kafka never
+    reads). lz4 and zstd: the compiled core, GIL released, possibly on several threads."""
+    codecs = batches.compression.astype(np.int64)
+    if not np.isin(codecs[compressed], tuple(NATIVE_CODECS)).all():
+        return _decompress_sections_in_python(batches, compressed, max_bytes)
+    positions = batches.positions.astype(np.int64)
+    starts = positions + RECORD_BATCH_OVERHEAD
+    ends = np.where(batches.records_counts != 0, np.maximum(positions + batches.sizes, starts), starts)
+    data, sec_start, sec_end, problem = _native.decompress_sections(
+        batches.buffer,
+        starts,
+        ends,
+        np.where(compressed, codecs, 0),
+        batches.magic.astype(np.int64),
+        max_bytes,
+        codec_threads(),
+    )
+    if problem is not None:
+        b, reason, _ = problem
+        raise _decompress_error(batches, b, reason)
+    return data, sec_start, sec_end
+
+
+def _decompress_sections_in_python(
+    batches: Batches, compressed: np.ndarray, max_bytes: int | None
+) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """``_decompress_sections`` for a chunk with gzip or snappy batches: one section at a
+    time through ``compression.decompress`` (which calls the compiled core for lz4 and
+    zstd), then joined."""
     view = memoryview(batches.buffer)
     pieces = []
     for i, (p, size, codec, magic) in enumerate(
@@ -181,15 +214,20 @@ def _decompress_sections(
         try:
             pieces.append(decompress(codec, section, max_size=max_bytes, magic=magic))
         except CorruptRecordError as e:
-            raise CorruptRecordError(
-                f"cannot decompress batch: {e.reason}",
-                path=batches.path,
-                position=batches.base_position + p,
-                offset=int(batches.base_offsets[i]),
-            ) from None
+            raise _decompress_error(batches, i, e.reason) from None
     lengths = np.fromiter((len(x) for x in pieces), dtype=np.int64, count=len(pieces))
     ends = np.cumsum(lengths)
     return b"".join(pieces), ends - lengths, ends
+
+
+def _decompress_error(batches: Batches, b: int, reason: str) -> CorruptRecordError:
+    """A section that cannot be decompressed: located at its batch."""
+    return CorruptRecordError(
+        f"cannot decompress batch: {reason}",
+        path=batches.path,
+        position=batches.base_position + int(batches.positions[b]),
+        offset=int(batches.base_offsets[b]),
+    )
 
 
 def _error(
