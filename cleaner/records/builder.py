@@ -39,12 +39,13 @@ from cleaner.records.batch import (
     TimestampType,
 )
 from cleaner.records.columns import RecordColumns
-from cleaner.records.compression import CompressionType, compress
+from cleaner.records.compression import NATIVE_CODECS, CompressionType, codec_threads, compress
 from cleaner.records.control import ControlRecordType, EndTxnMarker
 from cleaner.records.record import Header, Record
 from cleaner.records.varint import encode_varint
 
 _CRC = struct.Struct(">I")
+_NATIVE_OR_NONE = np.array([0, *sorted(NATIVE_CODECS)], dtype=np.int64)
 
 
 def encode_record(
@@ -309,7 +310,13 @@ def rebuild_batches(
     attrs = np.where(counts == 0, attrs & ~Attributes.COMPRESSION_MASK, attrs)
     lo, hi = section_bounds[first], section_bounds[last]
     codecs = attrs & Attributes.COMPRESSION_MASK
-    if (codecs != 0).any() or (batches.size and (lo[1:] != hi[:-1]).any()):
+    if not ((codecs != 0).any() or (batches.size and (lo[1:] != hi[:-1]).any())):
+        bounds = np.concatenate((lo, hi[-1:])) if batches.size else np.zeros(1, dtype=np.int64)
+    elif np.isin(codecs, _NATIVE_OR_NONE).all():
+        # lz4, zstd and stored sections: the compiled core, into one buffer, GIL released.
+        magics = np.full(batches.size, CURRENT_MAGIC, dtype=np.int64)
+        section, bounds = _native.compress_sections(section, lo, hi, codecs.astype(np.int64), magics, codec_threads())
+    else:
         view = memoryview(section)
         pieces = [
             compress(int(codec), view[a:b]) if codec else view[a:b]
@@ -318,8 +325,6 @@ def rebuild_batches(
         lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
         section = b"".join(pieces)
         bounds = np.concatenate(([0], np.cumsum(lengths)))
-    else:
-        bounds = np.concatenate((lo, hi[-1:])) if batches.size else np.zeros(1, dtype=np.int64)
     out, ends = _native.assemble_batches(
         head["base_offset"].astype(np.int64),
         head["last_offset_delta"].astype(np.int32),
