@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import crc32c
 import numpy as np
 
+from cleaner import _native
 from cleaner.records.builder import build_batch, rebuild_batch, rebuild_batches
 from cleaner.records.columns import RecordColumns, decode_records
 from cleaner.records.compression import CompressionType, compress, decompress
@@ -377,9 +378,11 @@ def machine() -> str:
         pass
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     versions = []
-    for dist in ("cramjam", "lz4", "zstandard", "crc32c", "xxhash"):
+    for dist in ("cramjam", "crc32c", "xxhash"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions.append(f"{dist} {importlib.metadata.version(dist)}")
+    lz4, zstd = _native.codec_library_versions()
+    versions.append(f"liblz4 {lz4} and libzstd {zstd} (compiled core)")
     return (
         f"machine: {os.cpu_count()} CPUs ({usable} usable), {cpu}; {platform.system()} {platform.release()}\n"
         f"python {platform.python_version()} ({platform.python_implementation()}), numpy {np.__version__}, "

@@ -521,6 +521,21 @@ pub fn compress_into(out: &mut Vec<u8>, codec: i64, magic: i64, data: &[u8], zst
     }
 }
 
+/// The versions of the bundled C libraries: (liblz4, libzstd), e.g. ("1.10.0", "1.5.7").
+pub fn library_versions() -> (String, String) {
+    // SAFETY: pure functions; ZSTD_versionString returns a static NUL-terminated string.
+    let (lz4, zstd) = unsafe {
+        (
+            lz4_sys::LZ4_versionNumber(),
+            CStr::from_ptr(zs::ZSTD_versionString())
+                .to_string_lossy()
+                .into_owned(),
+        )
+    };
+    let lz4 = format!("{}.{}.{}", lz4 / 10000, lz4 / 100 % 100, lz4 % 100);
+    (lz4, zstd)
+}
+
 // ---- contexts and threads --------------------------------------------------------------------
 
 thread_local! {

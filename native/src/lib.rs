@@ -565,6 +565,12 @@ fn lz4_header(py: Python<'_>, magic: i64) -> Bound<'_, PyBytes> {
     PyBytes::new(py, &codecs::lz4_header(magic))
 }
 
+/// The versions of the C libraries behind lz4 and zstd: `(liblz4, libzstd)`.
+#[pyfunction]
+fn codec_library_versions() -> (String, String) {
+    codecs::library_versions()
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reencode_records, m)?)?;
@@ -581,5 +587,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decompress_section, m)?)?;
     m.add_function(wrap_pyfunction!(compress_section, m)?)?;
     m.add_function(wrap_pyfunction!(lz4_header, m)?)?;
+    m.add_function(wrap_pyfunction!(codec_library_versions, m)?)?;
     Ok(())
 }
