@@ -124,20 +124,31 @@ CODEC_THREADS_ENV = "KAFKA_CLEANER_CODEC_THREADS"
 
 
 def codec_threads() -> int | None:
-    """Threads for one chunk's lz4/zstd sections: ``$KAFKA_CLEANER_CODEC_THREADS`` if set
-    (1 for a process that already runs a cleaner thread per core), else None, the compiled
-    core's default: the cores this process may use, at most 4, and one thread per 256 KiB
-    of input at most (a chunk of the cleaner's 4 MiB reads uses them all; a small one stays
-    on the calling thread, where starting threads would cost more than they save)."""
-    value = os.environ.get(CODEC_THREADS_ENV, "").strip()
+    """Threads for one chunk's lz4/zstd sections (``$KAFKA_CLEANER_CODEC_THREADS``).
+
+    Unset: 1, the calling cleaner thread alone, as Kafka's cleaner does. A number: at most that
+    many. ``auto``: the compiled core decides (None): the cores this process may use (cgroup
+    quotas included), at most 4, one per 256 KiB of input at most.
+
+    Why 1 by default: extra threads pay only when cores are idle. The engine already runs
+    ``log.cleaner.threads`` cleaner threads, a sidecar shares its node with the broker, and
+    Spark runs a task per core, so idle cores are the exception; on this project's shared
+    2-vCPU VM (load 3-7 from other work) two codec threads made a 4 MiB lz4 chunk's
+    decompression slower, not faster (the second thread waits for a core), and the
+    end-to-end lz4 clean was no faster. On a machine with idle cores, ``auto`` (or a number)
+    spreads a chunk over them.
+    """
+    value = os.environ.get(CODEC_THREADS_ENV, "").strip().lower()
     if not value:
+        return 1
+    if value == "auto":
         return None
     try:
         threads = int(value)
     except ValueError:
         threads = 0
     if threads < 1:
-        raise ValueError(f"{CODEC_THREADS_ENV} must be a whole number >= 1, got {value!r}")
+        raise ValueError(f"{CODEC_THREADS_ENV} must be auto or a whole number >= 1, got {value!r}")
     return threads
 
 

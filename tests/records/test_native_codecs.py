@@ -217,7 +217,7 @@ def _chunk(codecs: list[CompressionType], n: int = 40) -> bytes:
     return b"".join(out)
 
 
-@pytest.mark.parametrize("threads", [None, "1", "2"])
+@pytest.mark.parametrize("threads", [None, "1", "2", "auto"])
 def test_chunk_path_equals_the_one_section_path(monkeypatch, threads) -> None:
     if threads is not None:
         monkeypatch.setenv(CODEC_THREADS_ENV, threads)
@@ -259,10 +259,18 @@ def test_chunk_path_errors_name_the_same_file_position_and_offset(data) -> None:
 
 def test_codec_threads_come_from_the_environment(monkeypatch) -> None:
     monkeypatch.delenv(CODEC_THREADS_ENV, raising=False)
-    assert codec_threads() is None
+    assert codec_threads() == 1
     monkeypatch.setenv(CODEC_THREADS_ENV, " 2 ")
     assert codec_threads() == 2
+    monkeypatch.setenv(CODEC_THREADS_ENV, "Auto")
+    assert codec_threads() is None
     for bad in ("0", "-1", "two"):
         monkeypatch.setenv(CODEC_THREADS_ENV, bad)
         with pytest.raises(ValueError, match=CODEC_THREADS_ENV):
             codec_threads()
+
+
+def test_the_bundled_libraries_are_the_ones_the_kafka_vectors_were_checked_with() -> None:
+    """test_compression's vectors (lz4-java 1.11.0, zstd-jni 1.5.7-7) equal our bytes with these;
+    a crate upgrade that changes a library must re-check them (the vector test would fail)."""
+    assert _native.codec_library_versions() == ("1.10.0", "1.5.7")
