@@ -419,6 +419,9 @@ fn join_parts<'py>(
             at += part.out.len();
         }
     });
+    for part in parts {
+        codecs::give_scratch(part.out);
+    }
     Ok((out, starts, ends))
 }
 
@@ -523,14 +526,18 @@ fn decompress_section<'py>(
     let bytes = contiguous(&data)?;
     let result = py.allow_threads(|| {
         codecs::with_dctx(|dctx| {
-            let mut out = Vec::new();
-            codecs::decompress_into(&mut out, codec, magic, bytes, max_size, dctx).map(|()| out)
+            let mut out = codecs::take_scratch(bytes.len().saturating_mul(4));
+            let result = codecs::decompress_into(&mut out, codec, magic, bytes, max_size, dctx);
+            (out, result)
         })
     });
-    Ok(match result {
-        Ok(out) => (Some(PyBytes::new(py, &out)), None),
+    let (out, result) = result;
+    let answer = match result {
+        Ok(()) => (Some(PyBytes::new(py, &out)), None),
         Err(c) => (None, Some((c.reason, c.position))),
-    })
+    };
+    codecs::give_scratch(out);
+    Ok(answer)
 }
 
 /// One section compressed as Kafka's writer for `codec` (3 lz4, 4 zstd) writes it; for lz4,
@@ -551,12 +558,14 @@ fn compress_section<'py>(
     let bytes = contiguous(&data)?;
     let out = py.allow_threads(|| {
         codecs::with_cctx(|cctx| {
-            let mut out = Vec::new();
+            let mut out = codecs::take_scratch(bytes.len() / 2 + 64);
             codecs::compress_into(&mut out, codec, magic, bytes, cctx);
             out
         })
     });
-    Ok(PyBytes::new(py, &out))
+    let answer = PyBytes::new(py, &out);
+    codecs::give_scratch(out);
+    Ok(answer)
 }
 
 /// The LZ4 frame descriptor Kafka writes for a batch of `magic` (7 bytes).
