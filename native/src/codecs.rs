@@ -330,7 +330,8 @@ fn zstd_decompress(
             }
             let produced = out.len() - base;
             let want = if produced == 0 { guess } else { produced };
-            out.reserve(want.min(end - out.len()));
+            // Exactly: a doubling of the whole buffer must not reach far past the limit.
+            out.reserve_exact(want.min(end - out.len()));
         }
         let window_end = out.capacity().min(end);
         let mut output = zs::ZSTD_outBuffer {
