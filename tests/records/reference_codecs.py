@@ -17,6 +17,7 @@ import xxhash
 import zstandard
 
 from cleaner.errors import CorruptRecordError
+from cleaner.records.compression import _join, _too_large  # the same messages as production
 
 BytesLike = bytes | bytearray | memoryview
 
@@ -91,18 +92,6 @@ def _zstd_compress(mv: memoryview) -> bytes:
 # --------------------------------------------------------------------------------------------
 # decompress
 
-
-def _too_large(max_size: int) -> CorruptRecordError:
-    return CorruptRecordError(f"decompressed size exceeds the limit of {max_size} bytes")
-
-
-def _join(parts: list[BytesLike]) -> bytes:
-    if len(parts) == 1 and type(parts[0]) is bytes:
-        return parts[0]
-    return b"".join(parts)
-
-
-# gzip ----------------------------------------------------------------------------------------
 
 # lz4 -----------------------------------------------------------------------------------------
 
