@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Debian packages, installed only when missing, for what the caller sets up:
-#   core   cargo (the compiled core, native/): all `make demo` needs
+#   core   cargo and gcc (the compiled core, native/): all `make demo` needs
 #   kafka  java and maven (Apache Kafka's jars and broker): `make demo-kafka`
 #   all    (default) the above, lua5.4 (Argo CD health check tests), prometheus (real
 #          scrape tests) and prometheus-alertmanager (the inhibit rule's test): `make test`;
@@ -12,8 +12,10 @@ set -euo pipefail
 want=" ${*:-all} "
 has() { [[ "$want" == *" $1 "* || "$want" == *" all "* ]]; }
 missing=()
-# The compiled core needs a Rust toolchain: the machine's rustup, or Debian's.
+# The compiled core needs a Rust toolchain (the machine's rustup, or Debian's) and a C compiler:
+# it links with one, and its lz4-sys and zstd-sys crates compile liblz4 and libzstd.
 command -v cargo >/dev/null 2>&1 || missing+=(cargo)
+command -v cc >/dev/null 2>&1 || missing+=(gcc)
 if has kafka; then
     command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
     command -v mvn >/dev/null 2>&1 || missing+=(maven)
