@@ -238,6 +238,7 @@ class LogCleanerManager:
                         ", ".join(str(d) for d in where),
                     )
                     stale = True
+                    self._memory_checkpoints.pop(tp, None)  # see _forget
                 if stale:
                     log_dir = where[0]
                     if managed is not None:
@@ -266,8 +267,13 @@ class LogCleanerManager:
             return dict(self._logs)
 
     def _forget(self, tp: TopicPartition) -> None:
+        """A partition no longer here (deleted, moved away, or no longer the policy's). Its
+        in-memory checkpoint goes too, as Kafka drops a deleted partition's entry: a topic
+        created again under the name is a new log, cleaned from its start. (After a move
+        Kafka keeps the entry; here the memory only saves work, so the move costs a redo.)"""
         self._logs.pop(tp, None)
         self._producer_state.pop(tp, None)
+        self._memory_checkpoints.pop(tp, None)
 
     def _cluster_metadata(self) -> tuple[ClusterMetadata | None, int | None]:
         """The cluster's topic configs from the KRaft metadata log on these disks, if one is

@@ -167,3 +167,34 @@ def test_a_checkpoint_above_the_log_end_after_a_second_look_is_a_truncation(
     assert "The last checkpoint dirty offset for partition topic-0 is 9, which is larger than the log end offset 5" in (
         caplog.text
     )
+
+
+@pytest.mark.parametrize("looked_between", [True, False], ids=["seen-gone", "between-two-looks"])
+def test_a_partition_deleted_and_created_again_forgets_the_stage_modes_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, looked_between: bool
+) -> None:
+    """Stage mode keeps its cleaner checkpoint in memory (the file is the live broker's). A
+    topic deleted and created again is a new partition of the same name: Kafka drops a deleted
+    partition's checkpoint, so the new one is cleaned from its start. Kept, the old offset
+    (above the new log's end) was warned about on every scan (a soak finding, 3.9.2)."""
+    _three_segments(tmp_path, BASE_TS)
+    manager = _manager(tmp_path)
+    log_dir = manager.log_dirs[0]
+    assert TP in manager.logs()
+    manager.update_checkpoints(log_dir, update=(TP, 4))  # what a staged clean records
+    partition = tmp_path / TP.dir_name
+    partition.rename(tmp_path / f"{TP.dir_name}.abc-delete")  # Kafka's topic deletion
+    if looked_between:
+        assert TP not in manager.logs()
+    w = LogWriter(partition)  # the topic created again: two records, then the active segment
+    w.data([b"x", b"y"], timestamps=[BASE_TS, BASE_TS])
+    w.roll()
+    w.data([b"x"], timestamps=[NOW])
+    w.close()
+    _high_watermark(tmp_path, w.next_offset)
+    managed = manager.logs()[TP]
+    with caplog.at_level(logging.WARNING, logger="cleaner.engine.manager"):
+        checkpoint = manager.all_cleaner_checkpoints().get(TP)
+        offsets = manager.cleanable_offsets(managed, checkpoint, NOW)
+    assert checkpoint is None and offsets.first_dirty_offset == 0
+    assert not [r for r in caplog.records if "larger than the log end offset" in r.getMessage()]
