@@ -260,6 +260,7 @@ class RealBroker:
                 shutil.copytree(template / str(n), d, dirs_exist_ok=True)
             self.cluster_id = (template / "cluster.id").read_text()
             return
+        before = [set(os.listdir(d)) if d.is_dir() else set() for d in dirs]  # a test's own files stay out
         out = subprocess.run(
             self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(self.config)),
             capture_output=True,
@@ -273,7 +274,8 @@ class RealBroker:
             template = Path(tempfile.mkdtemp(prefix="kafka-format-"))
             atexit.register(shutil.rmtree, template, True)
             for n, d in enumerate(dirs):
-                shutil.copytree(d, template / str(n))
+                shutil.copytree(d, template / str(n), ignore=lambda where, names, d=d, n=n: (
+                    before[n] & set(names) if Path(where) == d else set()))
             (template / "cluster.id").write_text(self.cluster_id)
             _FORMATTED[key] = template
 
