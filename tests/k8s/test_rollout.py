@@ -282,7 +282,7 @@ def test_manual_restarts_nothing_names_the_pending_pods_and_pins_the_image(clust
         assert (reconciling["status"], reconciling["reason"]) == ("False", "AwaitingManualRollout")
         assert "rollout.strategy Manual" in reconciling["message"]
         assert _gauge("rollout_pending_pods", "manual") == 2
-        time.sleep(2)  # a few reconciliations more: still nothing restarts
+        _await_rounds("manual", 2)  # a few reconciliations more: still nothing restarts
         assert _uids(_pods(cluster)) == _uids(before)
         template = cluster.sts()["spec"]["template"]
 
@@ -294,7 +294,7 @@ def test_manual_restarts_nothing_names_the_pending_pods_and_pins_the_image(clust
         wait_for(lambda: (metrics.REGISTRY.get_sample_value("kafka_cleaner_operator_reconciliations_total",
                                                             {"namespace": NS, "policy": "manual"}) or 0) >= rounds + 1,
                  timeout=TIMEOUT, what="a round of the upgraded operator")  # fmt: skip
-        time.sleep(1)
+        _await_rounds("manual", 1)
         assert cluster.sts()["spec"]["template"] == template
         assert cluster.status("manual")["rollout"]["sidecarImage"] == IMAGE
 
@@ -315,14 +315,14 @@ def test_manual_restarts_nothing_names_the_pending_pods_and_pins_the_image(clust
         wait_for(lambda: find_sidecar(cluster.sts()["spec"]["template"]["spec"])[1]["image"].endswith(":upgraded"),
                  timeout=TIMEOUT, what="the new image in the template")  # fmt: skip
         assert cluster.sts()["spec"]["updateStrategy"]["rollingUpdate"]["partition"] == 2
-        time.sleep(1)
+        _await_rounds("manual", 1)
         assert _uids(_pods(cluster)) == rolled
 
         # -- deletion is Manual too: the sidecar leaves the template, the pods wait for the
         # person's roll, and only then do the finalizer and the ConfigMap go ------------------
         cluster.custom.delete_namespaced_custom_object(G, V, NS, P, "manual")
         wait_for(lambda: _template_hash(cluster) is None, timeout=TIMEOUT, what="the sidecar out of the template")
-        time.sleep(2)
+        time.sleep(2)  # a policy being deleted runs no rounds to count: a while, then nothing restarted
         assert cluster.policy("manual") is not None and cluster.configmap("manual-kafka-cleaner") is not None
         assert _uids(_pods(cluster)) == rolled
         cluster.wait_for_event("CompactionPolicy", "AwaitingRollout")
@@ -344,7 +344,7 @@ def test_ondelete_gives_the_sidecar_to_the_pod_someone_deletes(cluster: ApiClust
         rollout = wait_for(lambda: (r := cluster.status("ondelete").get("rollout", {})).get("pending") == 2 and r,
                            timeout=TIMEOUT, what="two pending pods")  # fmt: skip
         assert rollout["pendingPods"][0]["roll"] == f"kubectl delete pod -n {NS} broker-0"
-        time.sleep(2)
+        _await_rounds("ondelete", 2)
         assert _uids(_pods(cluster)) == _uids(before)
         cluster.core.delete_namespaced_pod("broker-0", NS)
         pods = wait_for(lambda: (p := _pods(cluster)).get("broker-0") and _ready(p["broker-0"]) and p[
@@ -434,7 +434,7 @@ def test_paced_rolls_one_broker_at_a_time_and_waits_for_the_reports(cluster: Api
                 "gate", "")) and g, timeout=TIMEOUT, what="the gate closed by the report")  # fmt: skip
             assert "broker-2 reports 3 partitions" in gate and "4 before its restart" in gate
             others = {n: u for n, u in _uids(_pods(cluster)).items() if n != "broker-2"}
-            time.sleep(3)  # three reporting rounds: still waiting
+            _await_rounds("paced", 3)  # three reporting rounds: still waiting
             assert {n: u for n, u in _uids(_pods(cluster)).items() if n != "broker-2"} == others
             # -- back with every partition, not yet in every ISR: the roll waits ---------------------
             fake.in_sync = {"outOfIsr": 3, "underReplicated": 0, "atMinIsr": 0}
@@ -442,7 +442,7 @@ def test_paced_rolls_one_broker_at_a_time_and_waits_for_the_reports(cluster: Api
             gate = wait_for(lambda: "out of the ISR" in (g := cluster.status("paced")["rollout"].get("gate", ""))
                             and g, timeout=TIMEOUT, what="the gate closed by the ISR")  # fmt: skip
             assert "broker-2 is out of the ISR of 3 of its 10 partitions (orders-0, orders-1, orders-2)" in gate
-            time.sleep(3)
+            _await_rounds("paced", 3)
             assert {n: u for n, u in _uids(_pods(cluster)).items() if n != "broker-2"} == others
             # -- in sync, but broker-1's restart would leave a partition below min ISR: it waits --
             fake.in_sync = {"outOfIsr": 0, "underReplicated": 1, "atMinIsr": 1}
@@ -450,7 +450,7 @@ def test_paced_rolls_one_broker_at_a_time_and_waits_for_the_reports(cluster: Api
                             and g, timeout=TIMEOUT, what="the next step held by min ISR")  # fmt: skip
             assert gate == ("waiting: restarting broker-1 now would take 1 partition below min.insync.replicas "
                             "(orders-0)")
-            time.sleep(3)
+            _await_rounds("paced", 3)
             assert {n: u for n, u in _uids(_pods(cluster)).items() if n != "broker-2"} == others
             fake.in_sync = {"outOfIsr": 0, "underReplicated": 0, "atMinIsr": 0}
             new = _template_hash(cluster)
@@ -482,7 +482,7 @@ def test_a_stalled_rollout_is_named_and_the_sidecar_taken_out_again(cluster: Api
         assert _gauge("rollout_stalled", "stuck") == 1
         cluster.wait_for_event("CompactionPolicy", "SidecarRolledBack")
         # Not injected again until the spec changes the sidecar.
-        time.sleep(2)
+        _await_rounds("stuck", 2)
         assert _template_hash(cluster) is None
         assert cluster.condition("stuck", "Stalled")["reason"] == "SidecarRolledBack"
 
@@ -589,7 +589,7 @@ def test_paced_asks_strimzis_kafkaroller_to_roll_the_podset_pods(
             what="every pending pod annotated for KafkaRoller")  # fmt: skip
         cluster.wait_for_event("CompactionPolicy", "RollRequested")
         # Asked once: the rounds that follow, while KafkaRoller has not rolled yet, post no more.
-        time.sleep(3)
+        _await_rounds("strimzi", 3)
         asked = [m for k, r, m in cluster.events() if r == "RollRequested"]
         assert len(asked) == 1 and all(n in asked[0] for n in names), asked
 
@@ -634,7 +634,7 @@ def test_a_strimzi_pod_the_sidecar_keeps_down_is_deleted_once_and_comes_back_wit
         cluster.core.create_namespaced_pod(NS, pods[1])
         wait_for(lambda: _ready(_pods(cluster).get("my-cluster-kafka-1") or {"status": {}}), timeout=TIMEOUT,
                  what="my-cluster-kafka-1 back and Ready")  # fmt: skip
-        time.sleep(3)  # three rounds more: nothing else is deleted
+        _await_rounds("strimzi-stuck", 3)  # three rounds more: nothing else is deleted
         after = _uids(_pods(cluster))
         assert {n: after[n] for n in ("my-cluster-kafka-0", "my-cluster-kafka-2")} == {
             n: before[n] for n in ("my-cluster-kafka-0", "my-cluster-kafka-2")}
