@@ -592,6 +592,8 @@ class LogCleanerManager:
                     if offsets.force_update_checkpoint:
                         self.update_checkpoints(managed.log_dir, update=(tp, offsets.first_dirty_offset))
                 except Exception as e:
+                    if isinstance(e, FileChangedError) and managed.log.moved():
+                        continue  # deleted or moved since the listing: not a verdict on the log
                     self.mark_partition_uncleanable(managed.log_dir, tp, failure_reason(e))
                     continue
                 pre_stats.update_max_compaction_delay(delay)

@@ -1148,6 +1148,10 @@ class _StageController(_Controller):
             try:
                 ltc, _, _ = manager.log_to_clean(managed, stage.cleaned_to(managed.log.dir), now)
             except Exception as e:
+                if isinstance(e, FileChangedError) and managed.log.moved():
+                    # Deleted or moved since the listing: the next step opens it where it is now.
+                    log.info("%s in %s went away during the look: %s", tp, managed.log_dir, e)
+                    continue
                 sc._error(str(managed.log_dir), str(tp), f"{type(e).__name__}: {e}", dedupe=True)
                 continue
             min_ratio = managed.rule.min_cleanable_dirty_ratio

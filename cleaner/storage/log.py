@@ -272,6 +272,12 @@ class Log:
             raise  # a .swap file read for its next offset
         except FileNotFoundError as e:
             raise FileVanishedError(self.dir, "the partition dir was renamed away or deleted") from e
+        # Checked after the listing: a directory replaced before it was listed fails here, and
+        # one replaced later was listed as it was. This object's offsets, producer state and
+        # checkpoint belong to the directory it opened; a new one under the name (the topic
+        # created again, the partition moved back) is a new log, for the caller to open.
+        if self.moved():
+            raise FileVanishedError(self.dir, "the partition dir was replaced (deleted and created again, or moved)")
         pending_swaps = {new: old for old, new in plan.rename}
         current = {(s.base_offset, s.suffix): s for s in self._segments}
         segments = []

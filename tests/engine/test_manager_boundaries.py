@@ -21,6 +21,7 @@ from engine_helpers import BASE_TS, NOW, TP, LogWriter, clean_round
 from cleaner.clock import MockTime
 from cleaner.config import parse_policy
 from cleaner.engine.manager import LogCleanerManager
+from cleaner.errors import FileVanishedError
 from cleaner.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
 from cleaner.storage.log_dir import LogDirectory
 
@@ -198,3 +199,59 @@ def test_a_partition_deleted_and_created_again_forgets_the_stage_modes_checkpoin
         offsets = manager.cleanable_offsets(managed, checkpoint, NOW)
     assert checkpoint is None and offsets.first_dirty_offset == 0
     assert not [r for r in caplog.records if "larger than the log end offset" in r.getMessage()]
+
+
+def test_a_partition_replaced_between_the_listing_and_the_look_is_looked_at_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same story raced the other way (the soak, a fresh-clone run beside another, 4.3.1):
+    the scan listed the partitions, then the broker deleted the topic and created it again,
+    then the scan looked at the partition. The old log object, asked to look again, took the
+    new directory's segments under the old log start offset and judged the stage mode's
+    checkpoint against them: "larger than the log end offset", reset. A log is one
+    directory: one that was replaced is the next scan's to open afresh."""
+    _three_segments(tmp_path, BASE_TS)
+    manager = _manager(tmp_path)
+    log_dir = manager.log_dirs[0]
+    managed = manager.logs()[TP]  # the scan's listing
+    manager.update_checkpoints(log_dir, update=(TP, 4))  # what a staged clean records
+    partition = tmp_path / TP.dir_name
+    partition.rename(tmp_path / f"{TP.dir_name}.abc-delete")  # Kafka's topic deletion,
+    w = LogWriter(partition)  # then the topic created again: offsets 0 to 2, the active segment
+    w.data([b"x", b"y"], timestamps=[BASE_TS, BASE_TS])
+    w.roll()
+    w.data([b"x"], timestamps=[NOW])
+    w.close()
+    _high_watermark(tmp_path, w.next_offset)
+    with caplog.at_level(logging.WARNING, logger="cleaner.engine.manager"), pytest.raises(
+        FileVanishedError, match="replaced"
+    ):
+        manager.report_partition(managed, NOW)
+    assert not [r for r in caplog.records if "larger than the log end offset" in r.getMessage()]
+    assert [s.base_offset for s in managed.log.segments] == [0, 2, 4]  # still the old directory's
+    fresh = manager.logs()[TP]  # the next scan
+    assert fresh is not managed and manager.all_cleaner_checkpoints().get(TP) is None
+    assert manager.report_partition(fresh, NOW).log_end_offset == 3
+
+
+def test_a_partition_replaced_while_the_filthiest_log_is_chosen_is_not_marked_uncleanable(tmp_path: Path) -> None:
+    """The choice of the round's log races the broker the same way: a partition deleted and
+    created again after the listing is not a verdict on either directory. Marked, the new
+    partition (same name, same log dir) would have stayed uncleanable for good."""
+    _three_segments(tmp_path, BASE_TS)
+    manager = _manager(tmp_path)
+    listing = manager.logs
+
+    def listed_then_replaced() -> dict:
+        logs = listing()
+        partition = tmp_path / TP.dir_name
+        if partition.exists():
+            partition.rename(tmp_path / f"{TP.dir_name}.abc-delete")
+            w = LogWriter(partition)
+            w.data([b"x"], timestamps=[NOW])
+            w.close()
+        return logs
+
+    manager.logs = listed_then_replaced  # type: ignore[method-assign]
+    manager.grab_filthiest_compacted_log(NOW)
+    assert manager.uncleanable_partitions() == {}

@@ -8,6 +8,7 @@ FileNotFoundError`` and counted as a failure).
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from sidecar_helpers import new_sidecar, next_scan, write_policy
 from cleaner.engine.cleaner import Cleaner
 from cleaner.errors import FileVanishedError
 from cleaner.sidecar import stage
+from cleaner.sidecar.service import _StageController
 from cleaner.storage.segment import LOG_SUFFIX
 
 ALL = [{"match": ".*", "cleanupPolicy": "compact"}]
@@ -123,3 +125,40 @@ def test_a_segment_renamed_away_under_a_round_is_planned_again(
         assert scans <= 2, f"the partition was planned again only after {scans} scans"
         assert doc["errors"] == [], doc["errors"]
         assert len(ended) == 1, ended
+
+
+def test_a_partition_deleted_and_created_again_under_the_stage_step_is_no_error(
+    tmp_path: Path, make_log_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The topic deleted and created again after the stage step listed the partitions and
+    before it looked at this one (the race the soak met, one step earlier): the step leaves
+    the partition to the next, which opens the new directory. Old code: reported as an error
+    of the partition (``FileVanishedError``) in the sidecar's status."""
+    data = make_log_dir(topics=1, partitions=1, records=6_000, keys=2_000, segment_bytes=16 * 1024)
+    pdir = data / PARTITION
+    fresh = make_log_dir("fresh", topics=1, partitions=1, records=100, keys=10, segment_bytes=16 * 1024) / PARTITION
+    real_candidates = _StageController._candidates
+    replaced: list[Path] = []
+
+    def candidates(self: _StageController, manager: Any, logs: Any) -> Any:
+        out = real_candidates(self, manager, logs)
+        if not replaced:  # Kafka's topic deletion, then the topic created again
+            replaced.append(pdir.rename(pdir.with_name(f"{PARTITION}.{'0' * 32}-delete")))
+            shutil.copytree(fresh, pdir)
+        return out
+
+    policy = write_policy(tmp_path / "policy.yaml", mode="stage", topics=ALL)
+    with BrokerLock(data):
+        sc = new_sidecar(policy, [data])
+        monkeypatch.setattr(_StageController, "_candidates", candidates)
+        for _ in range(MAX_SCANS):
+            doc = next_scan(sc)
+            if replaced:
+                break
+        assert replaced, f"no stage step in {MAX_SCANS} scans"
+        assert doc["errors"] == [], doc["errors"]
+        for _ in range(2):  # the next steps: the new partition, from its start
+            doc = next_scan(sc)
+            assert doc["errors"] == [], doc["errors"]
+        (entry,) = [p for p in doc["partitions"] if f"{p['topic']}-{p['partition']}" == PARTITION]
+        assert entry["firstDirtyOffset"] == 0 and entry["reason"] != "uncleanable", entry
