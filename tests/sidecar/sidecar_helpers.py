@@ -19,7 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,16 @@ def next_scan(sc: Sidecar, ms: int = SCAN_MS) -> dict[str, Any]:
     sc.time.advance(ms)
     sc.tick()
     return status_of(sc)
+
+
+def scan_until(sc: Sidecar, happened: Callable[[], object], most: int, what: str) -> dict[str, Any]:
+    """Scans until ``happened()`` (at most ``most``: a bound on the clock's scans, not a wait);
+    the /status of the scan that saw it."""
+    for _ in range(most):
+        doc = next_scan(sc)
+        if happened():
+            return doc
+    raise AssertionError(f"{what} in {most} scans")
 
 
 def finish_pass(sc: Sidecar, timeout_s: float = 60.0) -> None:

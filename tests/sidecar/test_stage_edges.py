@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from broker_lock import BrokerLock
-from sidecar_helpers import NOW_MS, new_sidecar, next_scan, write_policy
+from sidecar_helpers import NOW_MS, new_sidecar, next_scan, scan_until, write_policy
 
 from cleaner.generate import GeneratorConfig, generate
 from cleaner.sidecar import stage
@@ -403,11 +403,7 @@ def test_a_segment_retention_deletes_under_a_round_stops_it_quietly(
     with BrokerLock(data):
         sc = new_sidecar(write_policy(tmp_path / "policy.yaml", mode="stage", topics=ALL), [data])
         monkeypatch.setattr(LogSegment, "iter_batches", iter_batches)
-        for _ in range(MAX_SCANS):
-            doc = next_scan(sc)
-            if fired:
-                break
-        assert fired, f"no round read the second segment in {MAX_SCANS} scans"
+        doc = scan_until(sc, lambda: fired, MAX_SCANS, "no round read the second segment")
         assert not any("staging failed" in m for m in _messages(doc)), _messages(doc)
         assert not (pdir / stage.STAGE_DIR / stage.WORK_DIR).exists()
         monkeypatch.setattr(LogSegment, "iter_batches", real)

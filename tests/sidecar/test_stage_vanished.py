@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from broker_lock import BrokerLock
-from sidecar_helpers import new_sidecar, next_scan, write_policy
+from sidecar_helpers import new_sidecar, next_scan, scan_until, write_policy
 
 from cleaner.engine.cleaner import Cleaner
 from cleaner.errors import FileVanishedError
@@ -98,11 +98,7 @@ def test_a_segment_renamed_away_under_a_round_is_planned_again(
         sc = new_sidecar(policy, [data])
         INSTANTS[instant](pdir, renamed, monkeypatch)
         monkeypatch.setattr(stage, "stage_partition", stage_partition)
-        for _ in range(MAX_SCANS):
-            doc = next_scan(sc)
-            if renamed:
-                break
-        assert renamed, f"no round began in {MAX_SCANS} scans"
+        doc = scan_until(sc, lambda: renamed, MAX_SCANS, "no round began")
         assert len(ended) == 1 and isinstance(ended[0], FileVanishedError), ended
         assert str(renamed[0]) in str(ended[0]), ended[0]
         assert doc["errors"] == [], doc["errors"]
@@ -151,11 +147,7 @@ def test_a_partition_deleted_and_created_again_under_the_stage_step_is_no_error(
     with BrokerLock(data):
         sc = new_sidecar(policy, [data])
         monkeypatch.setattr(_StageController, "_candidates", candidates)
-        for _ in range(MAX_SCANS):
-            doc = next_scan(sc)
-            if replaced:
-                break
-        assert replaced, f"no stage step in {MAX_SCANS} scans"
+        doc = scan_until(sc, lambda: replaced, MAX_SCANS, "no stage step")
         assert doc["errors"] == [], doc["errors"]
         for _ in range(2):  # the next steps: the new partition, from its start
             doc = next_scan(sc)
