@@ -403,12 +403,6 @@ class LogCleanerManager:
             first_unstable = max(first_unstable, the_log.log_start_offset)
         return psm.active_producers(), first_unstable
 
-    def refresh(self) -> None:
-        """Look again at logs another process changes (read-only logs of a live broker)."""
-        with self._lock:
-            for managed in self._logs.values():
-                managed.log.refresh()
-
     def last_stable_offset(self, managed: ManagedLog, now: int) -> tuple[int, int | None]:
         """(LSO, high watermark). Without a high watermark in ``replication-offset-checkpoint``
         nothing is known to be committed, so the LSO is the log start offset."""

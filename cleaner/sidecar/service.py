@@ -475,7 +475,7 @@ class Sidecar:
         """Look again at every observed log. Partitions that went away (topic deletion, a
         reassignment to another broker, a dir removed by hand) are forgotten first, and a
         partition that cannot be refreshed is reported alone: neither may stop the scan of
-        the others (``LogCleanerManager.refresh`` would raise for the whole set)."""
+        the others."""
         for tp, managed in observer.logs().items():
             try:
                 managed.log.refresh()
