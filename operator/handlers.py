@@ -230,6 +230,9 @@ class Operator:
         self.version: KubeVersion | None = None
         self._version_at = 0.0
         self.policies: dict[str, PolicyState] = {}
+        #: Set by ``stop``: a round after it does nothing (kopf may start a daemon again from a
+        #: watch event handled while the operator stops, after its daemon killer ran).
+        self.stopped = False
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -246,6 +249,12 @@ class Operator:
             logger.warning(f"Could not read the Kubernetes version yet: {exc}")
 
     async def stop(self) -> None:
+        """After the rounds in progress (each holds its policy's lock to its end): the clients
+        they use are closed under none of them."""
+        self.stopped = True
+        for state in list(self.policies.values()):
+            async with state.lock:
+                pass
         if self.session is not None:
             await self.session.close()
         if self.kube is not None:
@@ -313,10 +322,12 @@ class Operator:
         """Reconcile and report one policy (see the module docstring). API errors propagate."""
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        if meta.get("deletionTimestamp"):
+        if meta.get("deletionTimestamp") or self.stopped:
             return
         state = self.state(body)
         async with state.lock:
+            if self.stopped:  # stopped while this round waited for the lock
+                return
             started = self._seconds()
             metrics.RECONCILIATIONS.labels(namespace, name).inc()
             try:
@@ -1554,7 +1565,7 @@ def _register_reconciliation(registry: kopf.OperatorRegistry, op: Operator) -> N
     # and a "cancelled. Will escalate." warning), whenever the deletion meets a running round.
     @kopf.daemon(*resource, id="report", cancellation_backoff=10.0, cancellation_timeout=10.0, registry=registry)
     async def report(body: kopf.Body, stopped: kopf.DaemonStopped, logger: logging.Logger, **_: Any) -> None:
-        while not stopped:
+        while not stopped and not op.stopped:  # a daemon started again while the operator stops
             try:
                 await op.round(body, scrape=True, logger=logger)
             except asyncio.CancelledError:
