@@ -21,8 +21,9 @@ map fills at the C-th smallest first-occurrence offset F, and the first refused 
 next map key after F; likewise for the first key past the map's 32-bit offset range. The
 end offset follows Kafka's rule (the latest of: the previous segment's end, the last
 offset of every batch completed before the refused key, the last put key), the groups
-and transaction states are planned again for it, and phase 1 runs once more for those
-partitions with the map cut at the refused key.
+and transaction states are planned again for it, and those rounds run again with the map cut
+at the refused key - from the first job's phase-1 output, less the segments that reach the cut,
+of which only the one it falls in is read again (``cut_rows``).
 
 Phase 2 - the groups, rewritten in parallel. Each task runs the engine's
 ``Cleaner.clean_segments`` for its group with the keep-list as the round's map and the
@@ -110,6 +111,9 @@ class TaskTimes:
     reduce_passes: list[int] = field(default_factory=list)
     """Per reducer, the digest sub-ranges it worked through (1: its input fit in
     ``spark.kafkaCleaner.reducerMemory``; more: it spilled, ``spill``)."""
+    map_segment: list[int] = field(default_factory=list)
+    """Per map unit, the base offset of the segment it read: phase 1 reads each segment once,
+    and a round cut short by a full map reads again only the segment the cut falls in."""
 
 
 class _Clock:
@@ -243,7 +247,7 @@ def map_slice(
         if i not in logs:
             logs[i] = _open(scope)
         out = list(_map_segment(scope, s, logs[i], reducers))
-        clock.done()
+        clock.done(segment=scope.segments[s].base)
         yield from out
 
 
@@ -462,27 +466,81 @@ def _list_accumulator(sc: Any) -> Any:
     return sc.accumulator({}, _Lists())
 
 
-def _keys_by_reducer(sc: Any, scopes: list[KeyScope], reducers: int, faults: Mapping | None, acc: Any, shared: Any):
-    """Phase 1's map stage, shuffled to the reducers (digest-space partitions)."""
-    tasks = key_tasks(scopes)
+def by_reducer(reducer: int) -> int:
+    """Phase 1's partitioner: a row's key is its reducer. One function object, so that two
+    RDDs partitioned by it compare equal and their union stays partitioned (``_cut_keys``)."""
+    return reducer
+
+
+def _keys_by_reducer(
+    sc: Any, scopes: list[KeyScope], reducers: int, faults: Mapping | None, acc: Any,
+    tasks: list[tuple[tuple[int, int], int]] | None = None,
+) -> Any:  # fmt: skip
+    """Phase 1's map stage, shuffled to the reducers (digest-space partitions): of every
+    segment the scopes need, or of ``tasks`` only. The result is the phase-1 output a round's
+    later jobs reuse: Spark keeps a shuffle's files while its RDD is referenced and skips the
+    map stage of any later job that reads it (an executor lost since recomputes its part)."""
+    tasks = key_tasks(scopes) if tasks is None else tasks
+    shared = sc.broadcast({s.index: s for s in scopes})
     count = sized(sc, sum(size for _, size in tasks), TASK_BYTES_CONF, TASK_BYTES_DEFAULT, sc.defaultParallelism * 2)
     slices = balance(tasks, count) or [[]]
     return (
         sc.parallelize(slices, len(slices))
         .flatMap(lambda sl: map_slice(sl, shared.value, reducers, faults, acc))
-        .partitionBy(reducers, lambda r: r)
+        .partitionBy(reducers, by_reducer)
     )
+
+
+def cut_rows(
+    rows: Iterable[tuple[int, tuple[int, int, int, int, bytes]]],
+    scopes: Mapping[int, KeyScope],
+    cutoffs: Mapping[int, int],
+) -> Iterator[tuple[int, tuple[int, int, int, int, bytes]]]:
+    """The phase-1 rows a round cut short by a full map still needs, from the rows its first
+    job shuffled: its own partitions' rows, each with its segment's group in the cut round,
+    less the rows of dirty segments that reach the cut (``cutoffs``: per scope, its new
+    map cutoff) - the segments past it and the one it falls in, read again, cut."""
+    groups = {i: scope.round.segment_group() for i, scope in scopes.items() if scope.round is not None}
+    ends = {i: {s: nxt for s, nxt, _ in scope.round.dirty} for i, scope in scopes.items() if scope.round is not None}
+    for reducer, (i, s, _group, flags, blob) in rows:
+        if i not in groups:
+            continue
+        cutoff = cutoffs.get(i)
+        if cutoff is not None and ends[i].get(s, 0) > cutoff:
+            continue
+        yield reducer, (i, s, groups[i].get(s, -1), flags, blob)
+
+
+def _cut_keys(
+    sc: Any, keys: Any, scopes: list[KeyScope], cutoffs: dict[int, int], reducers: int, faults: Mapping | None,
+    acc: Any,
+) -> Any:  # fmt: skip
+    """Phase 1's output for rounds cut short by a full map: the first job's rows (``cut_rows``)
+    and, read again with the cut, the segments the cut falls in - not the whole dirty section
+    twice more, as when each job read its own."""
+    shared = sc.broadcast({s.index: s for s in scopes})
+    kept = keys.mapPartitions(lambda rows: cut_rows(rows, shared.value, cutoffs), preservesPartitioning=True)
+    dropped = {
+        (s.index, seg) for s in scopes if s.index in cutoffs and s.round is not None
+        for seg, nxt, _ in s.round.dirty if nxt > cutoffs[s.index]
+    }  # fmt: skip
+    again = [task for task in key_tasks(scopes) if task[0] in dropped]
+    if not again:
+        return kept
+    return kept.union(_keys_by_reducer(sc, scopes, reducers, faults, acc, again)).partitionBy(reducers, by_reducer)
 
 
 def _round_job(
     sc: Any,
     scopes: list[KeyScope],
+    keys: Any,
     reducers: int,
     run: RunDir | None,
     faults: Mapping | None,
     acc: Any,
 ) -> list[dict[str, Any]]:
-    """One Spark job: phase 1 (map, reduce) and phase 2 (the groups' rewrites)."""
+    """One Spark job: phase 1's reduce over ``keys`` (its map stage's output,
+    ``_keys_by_reducer``) and phase 2 (the groups' rewrites)."""
     groups = [
         ((s.index, g), s.round.group_source_bytes(g))
         for s in scopes
@@ -501,8 +559,7 @@ def _round_job(
     run_root = (str(run.root), run.id) if run is not None else None
     memory = reducer_memory(sc)
     return (
-        _keys_by_reducer(sc, scopes, reducers, faults, acc, shared)
-        .mapPartitionsWithIndex(lambda r, it: reduce_part(r, it, shared.value, layout.value, acc, reducers, memory))
+        keys.mapPartitionsWithIndex(lambda r, it: reduce_part(r, it, shared.value, layout.value, acc, reducers, memory))
         .partitionBy(len(slices), lambda key: key[0])
         .mapPartitionsWithIndex(lambda n, it: rewrite_slice(n, it, shared.value, reducers, run_root, faults, acc))
         .collect()
@@ -539,17 +596,18 @@ def kth_smallest_by_histograms(k: int, lo: int, hi: int, histogram: Callable[[in
             return _kth_smallest(collect(lo, hi), k)
 
 
-def _kth_first_offsets(sc: Any, scopes: list[KeyScope], reducers: int, faults: Mapping | None, acc: Any) -> dict:
+def _kth_first_offsets(sc: Any, scopes: list[KeyScope], keys: Any, reducers: int, acc: Any) -> dict:
     """Per round, the ``max_keys``-th smallest first-occurrence offset of its map's keys: where
     the single-node map fills up (the map-full case). The reducers keep their share of the
     first offsets (cached); the driver narrows down on histograms of them (HISTOGRAM_BINS
     counts per reducer a look) until the bin holding the k-th has at most
     MAX_COLLECTED_OFFSETS, and takes only those: never a key's worth of anything per key, so
-    ``spark.driver.maxResultSize`` bounds nothing here (8 bytes a key were collected before)."""
+    ``spark.driver.maxResultSize`` bounds nothing here (8 bytes a key were collected before).
+    ``keys``: the round's phase-1 output, reused (its rows of other scopes are passed over)."""
     memory = reducer_memory(sc)
     shared = sc.broadcast({s.index: s for s in scopes})
     firsts = (
-        _keys_by_reducer(sc, scopes, reducers, faults, acc, shared)
+        keys.mapPartitions(lambda rows: cut_rows(rows, shared.value, {}), preservesPartitioning=True)
         .mapPartitionsWithIndex(lambda r, it: reduce_part(r, it, shared.value, None, acc, reducers, memory))
         .filter(lambda row: row[0][1] == "firsts")
         .map(lambda row: (row[0][2], blocks.unpack(row[1])["first"]))
@@ -613,7 +671,8 @@ def run_rounds(
             scope.round.io_max_bytes_per_second = task_io_rate(sc, scope.round.io_max_bytes_per_second)
     scopes = [_cut_at_offset_limit(s) if s.round is not None else s for s in scopes]
     started = _time.time()
-    rows = _round_job(sc, scopes, reducers, run, faults, acc)
+    keys = _keys_by_reducer(sc, scopes, reducers, faults, acc)
+    rows = _round_job(sc, scopes, keys, reducers, run, faults, acc)
     results: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         if row.get("summary"):
@@ -622,11 +681,12 @@ def run_rounds(
         else:
             results[row["round"]].append(row)
 
-    # Rounds whose map would have filled up: where exactly, then those rounds again.
+    # Rounds whose map would have filled up: where exactly, then those rounds again, cut - both
+    # from the phase-1 output of the job above.
     full = [s for s in scopes if s.round is not None and any(r.get("overflow") for r in results[s.index])]
     if full:
-        kth = _kth_first_offsets(sc, full, reducers, faults, acc)
-        cut = []
+        kth = _kth_first_offsets(sc, full, keys, reducers, acc)
+        cut, cutoffs = [], {}
         for scope in full:
             plan = scope.round
             assert plan is not None
@@ -638,9 +698,11 @@ def run_rounds(
                 plan.map_stop_offset = stop[0]
                 set_end_offset(plan, log_to_clean_of(plan, log), cleaner, stop[1])
                 scope = dataclasses.replace(scope, cutoff=stop[0])
+                cutoffs[scope.index] = stop[0]
             cut.append(dataclasses.replace(scope, count_keys=False, capacity_checked=True))
             del results[scope.index]
-        for row in _round_job(sc, cut, reducers, run, faults, acc):
+        cut_keys = _cut_keys(sc, keys, cut, cutoffs, reducers, faults, acc)
+        for row in _round_job(sc, cut, cut_keys, reducers, run, faults, acc):
             if not row.get("summary"):
                 results[row["round"]].append(row)
     ended = _time.time()

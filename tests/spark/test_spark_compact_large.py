@@ -4,6 +4,8 @@ offset map fills up (all rounds in one invocation), and in a later round over a 
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from kafka_logs import snapshot_dir
 from spark_helpers import DAY, LARGE_TP, NOW, assert_same_partitions, checkpoint, copy_of, set_high_watermark
@@ -132,7 +134,10 @@ def test_a_map_full_of_many_keys_is_cut_on_the_executors(spark, tmp_path):
     """300,000 distinct keys through a map of about 120,000: every round ends where the single-node
     map fills up, with the driver's task results capped at 1 MiB (the session's
     spark.driver.maxResultSize). Collecting each key's first offset to the driver, as the cut did
-    before, aborted this job (1424 KiB of results); it now comes from histograms."""
+    before, aborted this job (1424 KiB of results); it now comes from histograms. A round cut
+    short reads each segment once: the cut's jobs reuse the first job's phase-1 output, and only
+    the segment the cut falls in is read again (each of the three jobs read the dirty section
+    before)."""
     data = tmp_path / "data"
     generate(data, GeneratorConfig(topics=1, partitions=1, records=300_000, keys=300_000, key_skew=0.0,
                                    value_bytes=8, tombstones=0.0, compression="none", segment_bytes=1 << 20,
@@ -145,8 +150,13 @@ def test_a_map_full_of_many_keys_is_cut_on_the_executors(spark, tmp_path):
     expected = copy_of(data, tmp_path / "expected")
     ends = [r.end_offset for r in cleaning.clean([expected], policy, FixedTime(NOW)).results]
     assert len(ends) >= 2, ends  # the map filled up
-    assert [r.end_offset for r in compact_large(spark, data / tp.dir_name, policy, now_ms=NOW).rounds] == ends
+    rounds = compact_large(spark, data / tp.dir_name, policy, now_ms=NOW).rounds
+    assert [r.end_offset for r in rounds] == ends
     assert_same_partitions(expected, data, [tp])
+    for r in rounds[:-1]:  # each ended where the map filled up
+        assert r.outcome is not None
+        reads = Counter(r.outcome.tasks.map_segment)
+        assert len(reads) > 2 and sorted(reads.values())[-2:] == [1, 2], reads  # the cut fell mid-segment
 
 
 def test_reducers_past_their_memory_spill_and_the_rounds_are_the_same_bytes(spark, tmp_path, fleet):
