@@ -330,6 +330,11 @@ def main() -> None:
                 f"  identical: {files_of(past_out) == files_of(past_ref)}",
             )
         )
+        reads = [len(r.outcome.tasks.map_segment) for r in past.rounds if r.outcome is not None]
+        distinct = [len(set(r.outcome.tasks.map_segment)) for r in past.rounds if r.outcome is not None]
+        rows.append(("phase 1 past the map, segment reads per round",
+                     f"{reads} for {distinct} segments (a round cut short by the map reads again only "
+                     f"the segment the cut falls in)"))
 
         big_bytes = log_mb(big) * 1e6
         for mode, (read, wrote) in driver.items():
