@@ -14,7 +14,10 @@ Not checked here: the numeric ``USER`` (the interpreter of this machine lives un
 which no other user may enter; tests/operator/test_dockerfile.py checks the instruction).
 
 Slow (a venv and about 50 packages: about a minute here, two on a busy 2-core machine); pip's
-own cache is used (the Dockerfile's ``PIP_NO_CACHE_DIR`` is not applied here). One test, since
+own cache is used (the Dockerfile's ``PIP_NO_CACHE_DIR`` is not applied here), and so is the
+compiled core's: ``native/target`` is copied with ``native/`` (``.dockerignore`` leaves it out
+of the image's context), so cargo checks the crates built by ``make setup`` and links the core
+instead of compiling liblz4, libzstd and every crate again. One test, since
 building is most of its time (and pytest-xdist's ``xdist_group`` does not group tests under
 pytest 9, so fixtures shared by several tests would be built once per worker).
 """
@@ -131,7 +134,7 @@ class Image:
 
 def _copy_context(builder: Stage, src: pathlib.Path) -> None:
     """The builder's COPY lines (from the build context, the repository), with .dockerignore's
-    exclusions of bytecode."""
+    exclusions of bytecode (not of ``native/target``: the compiled crates are this test's cache)."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", "*.pyd")
     for args in builder.all("COPY"):
         if args.startswith("--from="):
