@@ -30,6 +30,21 @@ def _query(base: str, promql: str) -> list[dict]:
     return answer["data"]["result"]
 
 
+def _until_ready(base: str, prometheus: subprocess.Popen, log: Path) -> None:
+    """Until Prometheus says it is ready (``/-/ready``): its web server listens before its TSDB
+    has started, and answers 503 to queries until then (a loaded run's first query got one)."""
+    deadline = time.monotonic() + 60
+    while True:
+        assert prometheus.poll() is None, log.read_text()[-3000:]
+        try:
+            if http_get(f"{base}/-/ready")[0] == 200:
+                return
+        except OSError:
+            pass  # not listening yet
+        assert time.monotonic() < deadline, "Prometheus was not ready within 60 s:\n" + log.read_text()[-3000:]
+        time.sleep(0.1)
+
+
 @pytest.mark.skipif(
     not os.access(PROMETHEUS, os.X_OK),
     reason="Prometheus is not installed (Debian package `prometheus`; `make test` installs it)",
@@ -64,6 +79,7 @@ def test_prometheus_scrapes_what_status_reports(tmp_path: Path, make_log_dir) ->
         )
         base = f"http://127.0.0.1:{port}"
         try:
+            _until_ready(base, prometheus, tmp_path / "prometheus.log")
             deadline = time.monotonic() + 60
             result: list[dict] = []
             while time.monotonic() < deadline:
