@@ -16,7 +16,9 @@ fail at once instead of doing work twice.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -57,10 +59,16 @@ _LOCAL_CONF = {
 }
 
 
-def _quiet_conf_dir() -> str:
-    d = Path(tempfile.mkdtemp(prefix="kafka-cleaner-spark-conf-"))
-    (d / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
-    return str(d)
+def use_quiet_log_configuration() -> None:
+    """Point ``SPARK_CONF_DIR`` at a temporary directory holding ``LOG4J2_PROPERTIES``,
+    unless the user has one of their own. The JVM reads it once, at its launch; the directory
+    is removed when this driver exits (each run of a job would otherwise leave one behind)."""
+    if "SPARK_CONF_DIR" in os.environ:
+        return
+    d = tempfile.mkdtemp(prefix="kafka-cleaner-spark-conf-")
+    atexit.register(shutil.rmtree, d, True)
+    Path(d, "log4j2.properties").write_text(LOG4J2_PROPERTIES)
+    os.environ["SPARK_CONF_DIR"] = d
 
 
 def spark_session(
@@ -80,7 +88,7 @@ def spark_session(
             master = master or os.environ.get(MASTER_ENV) or DEFAULT_MASTER
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-            os.environ.setdefault("SPARK_CONF_DIR", _quiet_conf_dir())
+            use_quiet_log_configuration()
             if master.startswith("local"):
                 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
                 for k, v in _LOCAL_CONF.items():
