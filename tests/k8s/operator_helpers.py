@@ -11,7 +11,9 @@ import contextlib
 import copy
 import inspect
 import json
+import pathlib
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,12 +24,15 @@ import kubernetes
 from compaction_operator.handlers import build_registry, build_settings
 from compaction_operator.injection import POLICY_ANNOTATION, POLICY_VOLUME, SIDECAR_CONTAINER, SIDECAR_HASH_ANNOTATION
 from compaction_operator.settings import OperatorConfig
+from control_plane import ControlPlane
 from kubernetes.client import AppsV1Api, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
+from ports import free_port
 
 G, V, P = "kafkacleaner.io", "v1alpha1", "compactionpolicies"
 NS = "default"
 IMAGE = "registry.example/kafka-cleaner:e2e"
+WEBHOOK_TIMEOUT = 90.0  # an operator's start and its first listing of the policies, on a loaded machine
 
 
 def described(predicate: Callable[[], Any], what: str = "") -> str:
@@ -85,6 +90,36 @@ def running_operator(*, expected_warnings: tuple[str, ...] = (), **config: Any) 
     bad = [line for line in runner.output.splitlines()
            if ("WARNING" in line or "ERROR" in line) and not any(n in line for n in noise)]
     assert bad == [], "\n".join(bad)
+
+
+@contextlib.contextmanager
+def webhook_operator(plane: ControlPlane, tmp: pathlib.Path, configuration: str, **config: Any) -> Iterator[None]:
+    """The operator with its admission webhook on 127.0.0.1 (a serving certificate from the
+    control plane's CA), keeping the MutatingWebhookConfiguration ``configuration``, opt-in by
+    label; entered once that configuration points at this operator's port. The server listens
+    only once the operator's policy index is complete, and publishes its configuration after
+    that, so from then on a pod created is this operator's to inject. A configuration that
+    merely exists may be an operator's stopped before (another test's, or this test's before an
+    upgrade): a pod created then is admitted unchanged (``failurePolicy: Ignore``)."""
+    serving = plane.ca.issue_cert("127.0.0.1")
+    cert, key, ca = tmp / "tls.crt", tmp / "tls.key", tmp / "ca.crt"
+    serving.cert_chain_pems[0].write_to_path(str(cert))
+    serving.private_key_pem.write_to_path(str(key))
+    plane.ca.cert_pem.write_to_path(str(ca))
+    port = free_port()
+
+    def published() -> bool:
+        got = plane.kubectl("get", "mutatingwebhookconfiguration", configuration, "-o", "json", check=False)
+        hooks = json.loads(got.stdout).get("webhooks", []) if got.returncode == 0 else []
+        return bool(hooks) and all(urllib.parse.urlsplit(h["clientConfig"]["url"]).port == port for h in hooks)
+
+    with running_operator(webhook_enabled=True, webhook_addr="127.0.0.1", webhook_port=port,
+                          webhook_cert_file=str(cert), webhook_key_file=str(key), webhook_ca_file=str(ca),
+                          webhook_host="127.0.0.1", webhook_configuration=configuration,
+                          webhook_object_selector=(("kafkacleaner.io/inject", "enabled"),), **config):  # fmt: skip
+        wait_for(published, timeout=WEBHOOK_TIMEOUT,
+                 what=f"the webhook configuration {configuration} pointing at this operator's webhook (port {port})")
+        yield
 
 
 def broker_statefulset(name: str = "broker") -> dict[str, Any]:

@@ -27,8 +27,7 @@ import pytest
 import yaml
 from compaction_operator.injection import find_sidecar
 from control_plane import ControlPlane, activated_kubeconfig, available, missing_reason
-from operator_helpers import ApiCluster, policy, running_operator, wait_for
-from ports import free_port
+from operator_helpers import ApiCluster, policy, running_operator, wait_for, webhook_operator
 
 pytestmark = [
     pytest.mark.skipif(not available(), reason=missing_reason()),
@@ -147,17 +146,8 @@ def test_the_sidecar_holds_the_broker_only_where_every_kubelet_runs_native_sidec
                           f"--timeout={int(TIMEOUT)}s")
 
 
-def _webhook_operator(plane: ControlPlane, tmp: pathlib.Path, **config: Any) -> contextlib.AbstractContextManager[Any]:
-    serving = plane.ca.issue_cert("127.0.0.1")
-    cert, key, ca = tmp / "tls.crt", tmp / "tls.key", tmp / "ca.crt"
-    serving.cert_chain_pems[0].write_to_path(str(cert))
-    serving.private_key_pem.write_to_path(str(key))
-    plane.ca.cert_pem.write_to_path(str(ca))
-    return running_operator(expected_warnings=STOPPED_WITH_A_POLICY, webhook_enabled=True, webhook_addr="127.0.0.1",
-                            webhook_port=free_port(), webhook_cert_file=str(cert), webhook_key_file=str(key),
-                            webhook_ca_file=str(ca),
-                            webhook_host="127.0.0.1", webhook_configuration=WEBHOOK,
-                            webhook_object_selector=(("kafkacleaner.io/inject", "enabled"),), **config)
+def _webhook_operator(plane: ControlPlane, tmp: pathlib.Path) -> contextlib.AbstractContextManager[None]:
+    return webhook_operator(plane, tmp, WEBHOOK, expected_warnings=STOPPED_WITH_A_POLICY)
 
 
 def test_the_webhook_never_makes_a_pod_the_api_server_refuses(as_the_chart: ControlPlane,

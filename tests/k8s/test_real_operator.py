@@ -33,6 +33,7 @@ from operator_helpers import (
     running_operator,
     scrape_metrics,
     wait_for,
+    webhook_operator,
     without_injection,
 )
 from ports import free_port
@@ -307,22 +308,10 @@ def test_the_real_sidecar_reports_through_the_operator_over_real_rollouts(
             ("CompactionPolicy", "SidecarRemoved"), ("StatefulSet", "SidecarRemoved")} <= events  # fmt: skip
 
 
-@contextlib.contextmanager
-def _webhook_operator(plane: ControlPlane, tmp_path: pathlib.Path, **config: Any) -> Iterator[None]:
-    """The operator with its admission webhook on 127.0.0.1 (a serving certificate from the
-    control plane's CA), keeping the chart's MutatingWebhookConfiguration, opt-in by label."""
-    serving = plane.ca.issue_cert("127.0.0.1")
-    cert, key, ca = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
-    serving.cert_chain_pems[0].write_to_path(str(cert))
-    serving.private_key_pem.write_to_path(str(key))
-    plane.ca.cert_pem.write_to_path(str(ca))
-    with running_operator(webhook_enabled=True, webhook_addr="127.0.0.1", webhook_port=free_port(),
-                          webhook_cert_file=str(cert), webhook_key_file=str(key), webhook_ca_file=str(ca),
-                          webhook_host="127.0.0.1", webhook_configuration=WEBHOOK,
-                          webhook_object_selector=(("kafkacleaner.io/inject", "enabled"),), **config):  # fmt: skip
-        wait_for(lambda: plane.kubectl("get", "mutatingwebhookconfiguration", WEBHOOK, check=False).returncode == 0,
-                 timeout=TIMEOUT, what="the webhook configuration")  # fmt: skip
-        yield
+def _webhook_operator(plane: ControlPlane, tmp: pathlib.Path, **config: Any) -> contextlib.AbstractContextManager[None]:
+    """The operator with its admission webhook, keeping the chart's MutatingWebhookConfiguration
+    (``operator_helpers.webhook_operator``)."""
+    return webhook_operator(plane, tmp, WEBHOOK, **config)
 
 
 def _webhook_policy(name: str, app: str, **spec: Any) -> dict[str, Any]:
