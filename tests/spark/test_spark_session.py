@@ -8,41 +8,42 @@ matters here is only when the directory exists."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 DRIVER = """\
-import os, sys
+import json, os
 from cleaner.spark import session
 session.use_quiet_log_configuration()
 conf = os.environ["SPARK_CONF_DIR"]
-print(conf)
-assert os.path.isfile(os.path.join(conf, "log4j2.properties")) or "SPARK_CONF_DIR" in sys.argv, conf
+print(json.dumps({"conf": conf, "quiet": os.path.isfile(os.path.join(conf, "log4j2.properties"))}))
 """
 
 
-def run_driver(tmp_path: Path, *, conf_dir: str | None) -> str:
+def run_driver(tmp_path: Path, *, conf_dir: str | None) -> dict[str, Any]:
+    """The driver's ``SPARK_CONF_DIR`` and whether the quiet configuration was in it, while it ran."""
     env = {k: v for k, v in os.environ.items() if k != "SPARK_CONF_DIR"}
     env["TMPDIR"] = str(tmp_path)
-    args = [sys.executable, "-c", DRIVER]
     if conf_dir is not None:
         env["SPARK_CONF_DIR"] = conf_dir
-        args.append("SPARK_CONF_DIR")
-    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60, check=False)
+    out = subprocess.run([sys.executable, "-c", DRIVER], env=env, capture_output=True, text=True, timeout=60,
+                         check=False)
     assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout.strip()
+    return json.loads(out.stdout)
 
 
 def test_the_quiet_log_configuration_is_removed_when_the_driver_exits(tmp_path: Path) -> None:
-    used = run_driver(tmp_path, conf_dir=None)
-    assert Path(used).parent == tmp_path, used
+    seen = run_driver(tmp_path, conf_dir=None)
+    assert seen["quiet"] and Path(seen["conf"]).parent == tmp_path, seen
     assert list(tmp_path.iterdir()) == [], "the driver left its log configuration behind"
 
 
 def test_a_users_spark_conf_dir_is_kept_and_nothing_is_made(tmp_path: Path) -> None:
     mine = tmp_path / "my-spark-conf"
     mine.mkdir()
-    assert run_driver(tmp_path, conf_dir=str(mine)) == str(mine)
+    assert run_driver(tmp_path, conf_dir=str(mine)) == {"conf": str(mine), "quiet": False}
     assert list(tmp_path.iterdir()) == [mine]
