@@ -335,6 +335,12 @@ def main() -> None:
         rows.append(("phase 1 past the map, segment reads per round",
                      f"{reads} for {distinct} segments (a round cut short by the map reads again only "
                      f"the segment the cut falls in)"))
+        # Where a round past the map spends its time: the driver's plan; phase 1, from the
+        # round's start to its last reducer's end (a cut round's first job, its histogram job and
+        # the cut job's phase 1); phase 2, the rewrite after that; the commit.
+        for part in ("plan", "phase1", "phase2", "commit", "total"):
+            rows.append((f"  past the map, {part} s per round",
+                         " ".join(f"{r.seconds.get(part, 0.0):.2f}" for r in past.rounds)))
 
         big_bytes = log_mb(big) * 1e6
         for mode, (read, wrote) in driver.items():
