@@ -7,10 +7,14 @@ import errno
 from collections.abc import Callable, Iterable
 
 from cleaner.storage import files
+from cleaner.storage.segment import LogSegment
 
 DURABLE_STEPS = ("rename", "fsync_dir", "fsync_file", "write_file", "atomic_write", "remove", "link", "truncate")
 ALL_DURABLE_STEPS = (*DURABLE_STEPS, "set_mtime_ms")
 """Every function of ``cleaner.storage.files``, including the mtime stamp of cleaned segments."""
+APPEND = (LogSegment, "append", "append")
+"""The data written into a ``.cleaned`` segment goes through ``LogSegment.append`` (a plain
+file write), not ``files``: a full disk hits exactly there. An ``extra`` step of ``StepFaults``."""
 
 
 def _describe(arg: object) -> object:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from faults import ALL_DURABLE_STEPS, StepFaults
+from faults import ALL_DURABLE_STEPS, APPEND, StepFaults
 from kafka_logs import (
     GENERATED_START_MS,
     broker_view,
@@ -53,7 +53,6 @@ from cleaner.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpoi
 from cleaner.storage.index import TransactionIndex
 from cleaner.storage.log import Log, LogConfig
 from cleaner.storage.log_dir import LogDirectory
-from cleaner.storage.segment import LogSegment
 from cleaner.storage.topic_partition import TopicPartition, parse_partition_dir
 
 CLI = Path(sys.executable).with_name("kafka-cleaner")
@@ -113,10 +112,6 @@ def _clean_in_thread(log_dir: Path, policy: Policy) -> tuple[cleaning.CleanOutco
 
 
 # -- ENOSPC / EIO at every step ---------------------------------------------------------------
-
-APPEND = (LogSegment, "append", "append")
-"""The data written into a ``.cleaned`` segment goes through ``LogSegment.append`` (a plain
-file write), not ``files``: a full disk hits exactly there."""
 
 
 @dataclass(frozen=True)

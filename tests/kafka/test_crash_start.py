@@ -4,9 +4,13 @@ left and serves every key's latest committed value at the same offsets, without 
 ERROR about the topic. Every fourth time the broker is itself SIGKILLed during its start-up
 on those leftovers first, then started again.
 
-The kill points are spread over the clean itself (after the interpreter's start, measured
-on an uninterrupted run), and the test checks that they landed mid-clean often enough to
-mean something: ``.cleaned``/``.swap`` files left, or some partitions cleaned and others not.
+The points are steps of the clean, not moments: the clean kills itself just before its N-th
+durable step (a rename, fsync, write or removal of the durable-file layer, or a segment's data
+write; ``step_killed_clean.py``), N drawn from the steps an uninterrupted clean of the same
+directory took. Kills timed by the clock landed mid-clean or not depending on the machine's
+speed (three speed-ups of the cleaner made too many land after it had finished); a step is
+mid-clean on any machine. The test still checks where they landed: ``.cleaned``/``.swap``
+files left, or some partitions cleaned and others not.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from broker_workload import CLI, PARTITIONS, POLICY, TOPIC, live, produce_workload, read_all
+from broker_workload import PARTITIONS, POLICY, TOPIC, live, produce_workload, read_all
 from kafka_broker import EACH_KAFKA_LINE, RealBroker
 
 from cleaner.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, OffsetCheckpointFile
@@ -37,30 +42,17 @@ pytestmark = [
 KILLS = 20
 
 
-def _clean_process(log_dir: Path, policy: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [str(CLI), "clean", str(log_dir), "--policy", str(policy)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+STEP_KILLED_CLEAN = Path(__file__).with_name("step_killed_clean.py")
 
 
-def _timed_clean(log_dir: Path, policy: Path) -> tuple[float, float]:
-    """How long a whole clean takes, and how long it runs after its first file is written."""
-    started = time.monotonic()
-    cleaner = _clean_process(log_dir, policy)
-    _until_a_clean_writes(log_dir, cleaner)
-    writing = time.monotonic()
-    assert cleaner.wait(120) == 0
-    ended = time.monotonic()
-    return ended - started, ended - writing
-
-
-def _until_a_clean_writes(log_dir: Path, cleaner: subprocess.Popen[bytes]) -> None:
-    """Until a ``.cleaned`` (or ``.swap``) file of the topic exists, or the cleaner has exited."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and cleaner.poll() is None:
-        if any(p.name.endswith((".cleaned", ".swap")) for p in log_dir.glob(f"{TOPIC}-*/*")):
-            return
-        time.sleep(0.002)
+def _clean(log_dir: Path, policy: Path, tmp_path: Path, kill_at: int) -> int:
+    """``clean`` of ``log_dir``, SIGKILLed just before its ``kill_at``-th step (0: not
+    killed); its return code. The steps an uncut clean took, for ``kill_at=0``, are written to
+    ``tmp_path / "steps"``."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "STEP_COUNT_FILE": str(tmp_path / "steps")}
+    command = [sys.executable, str(STEP_KILLED_CLEAN), str(kill_at), "clean", str(log_dir), "--policy", str(policy)]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    return subprocess.run(command, env=env, timeout=300, check=False, **quiet).returncode
 
 
 def _state(log_dir: Path) -> str:
@@ -86,36 +78,19 @@ def test_a_broker_starts_on_whatever_a_killed_clean_left(tmp_path: Path, line: s
     shutil.copytree(broker.log_dir, pristine)
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
-    # The kills are timed from a clean measured here: the faster of two, since the first run of
-    # a fresh clone's CLI pays for cold imports and caches (an inflated time made 12 of 20 kills
-    # land after the clean had finished, in a fresh-clone CI run).
-    started = time.monotonic()
-    assert subprocess.run([str(CLI), "--version"], capture_output=True, check=False).returncode == 0
-    start_up = time.monotonic() - started
-    timings = []
-    for n in range(2):
-        probe = tmp_path / f"probe-{n}"
-        shutil.copytree(pristine, probe)
-        timings.append(_timed_clean(probe, policy))
-        shutil.rmtree(probe)
-    whole = min(t for t, _ in timings)
-    writing = min(w for _, w in timings)
+    probe = tmp_path / "probe"
+    shutil.copytree(pristine, probe)
+    assert _clean(probe, policy, tmp_path, kill_at=0) == 0
+    steps = int((tmp_path / "steps").read_text())
+    assert steps > KILLS, f"an uncut clean took {steps} steps"
+    shutil.rmtree(probe)
 
     rng = random.Random(int(line.replace(".", "")))
     states: dict[str, int] = {}
-    for kill in range(KILLS):
+    for kill, at in enumerate(sorted(rng.sample(range(1, steps + 1), KILLS))):
         shutil.rmtree(broker.log_dir)
         shutil.copytree(pristine, broker.log_dir)
-        cleaner = _clean_process(broker.log_dir, policy)
-        if kill % 2:  # at a random time of the whole clean
-            time.sleep(rng.uniform(start_up * 0.8, whole))
-        else:  # once its files are on disk, while it writes: mid-clean on a machine of any speed
-            # (a quarter of the whole clean was too long once lz4 and zstd moved into the core:
-            # 16 of 20 kills found the clean done)
-            _until_a_clean_writes(broker.log_dir, cleaner)
-            time.sleep(rng.uniform(0, writing))
-        cleaner.send_signal(signal.SIGKILL)
-        cleaner.wait(30)
+        assert _clean(broker.log_dir, policy, tmp_path, kill_at=at) == -signal.SIGKILL, f"step {at} of {steps}"
         state = _state(broker.log_dir)
         states[state] = states.get(state, 0) + 1
         if kill % 4 == 3:  # the broker dies while it loads the leftovers
@@ -130,10 +105,11 @@ def test_a_broker_starts_on_whatever_a_killed_clean_left(tmp_path: Path, line: s
             broker.stop(kill=True)
         broker.start()
         try:
-            where = f"kill {kill} ({state}, {sorted(os.listdir(broker.log_dir / f'{TOPIC}-0'))})"
+            files = sorted(os.listdir(broker.log_dir / f"{TOPIC}-0"))
+            where = f"kill {kill} at step {at} of {steps} ({state}, {files})"
             assert live(read_all(broker, "read_committed")) == expected, where
             assert broker.offsets(TOPIC, PARTITIONS) == offsets, where
             assert broker.problems([TOPIC]) == [], (where, broker.problems([TOPIC]))
         finally:
             broker.stop(kill=True)
-    assert states.get("mid-clean", 0) >= KILLS // 4, f"too few kills landed mid-clean: {states}"
+    assert states.get("mid-clean", 0) >= KILLS // 2, f"too few kills landed mid-clean: {states}"
