@@ -363,8 +363,11 @@ class Cleaner:
     def build_offset_map(self, ltc: LogToClean, stats: CleanerStats) -> None:
         start, end = ltc.first_dirty_offset, ltc.first_uncleanable_offset
         the_log = ltc.log
-        self.offset_map.clear(start)
         dirty = the_log.segments_between(start, end)
+        # No offset of the dirty segments reaches the next segment's base: a round of fewer
+        # offsets than the map holds keys uses only the table they can fill.
+        following = the_log.next_segment(dirty[-1]) if dirty else None
+        self.offset_map.clear(start, following.base_offset if following is not None else None)
         next_starts = [s.base_offset for s in dirty[1:]] + [end]
         transactions = CleanedTransactionMetadata()
         transactions.add_aborted_transactions(the_log.collect_aborted_transactions(start, end))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -45,21 +47,26 @@ def test_too_small_map_is_refused_like_kafka() -> None:
 CAPACITIES = [(2_000, 87), (10_000, 449), (5 * 19 * 256 * 4096, 4_718_361)]
 
 
-@settings(max_examples=80)
+@settings(max_examples=120)
 @given(
     st.lists(st.integers(0, 600), min_size=1, max_size=1200),
     st.sampled_from(CAPACITIES),
     st.integers(1, 97),
     st.integers(0, 2**40),
+    st.none() | st.integers(1, 4000),
 )
-def test_matches_a_dict_model(key_ids: list[int], capacity: tuple[int, int], chunk: int, base: int) -> None:
+def test_matches_a_dict_model(
+    key_ids: list[int], capacity: tuple[int, int], chunk: int, base: int, span: int | None
+) -> None:
     """Sequential semantics: every put is refused once size reached max_keys (checked
     before every put, including puts of keys already present); the last put wins. The keys
-    often outnumber the map's capacity, so the refusal is exercised, not only the happy path."""
+    often outnumber the map's capacity, so the refusal is exercised, not only the happy path.
+    A round announced to end ``span`` offsets after its base answers the same, also when its
+    puts go past that end (the keys then move to the whole buffer's table)."""
     memory, max_keys = capacity
     m = OffsetMap(memory, 0.9)
     assert m.max_keys == max_keys
-    m.clear(base)
+    m.clear(base, None if span is None else base + span)
     keys = [b"k%d" % k for k in key_ids]
     digests = _digests(keys)
     offsets = base + np.arange(len(keys), dtype=np.int64) * 3
@@ -82,6 +89,33 @@ def test_matches_a_dict_model(key_ids: list[int], capacity: tuple[int, int], chu
     got = m.get_many(digests)
     assert got.tolist() == [model.get(k, -1) for k in keys]
     assert m.get(digest_key(b"never-put")) == -1
+    seen = offsets[:put]
+    assert m.is_latest_many(seen).tolist() == [model[k] == o for k, o in zip(keys, seen.tolist(), strict=False)]
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_round_of_few_offsets_touches_only_the_table_they_can_fill() -> None:
+    """A round announced to end 20,000 offsets after its base puts its keys in a table of
+    ~0.4 MB at the start of the 128 MiB buffer: the rest is never faulted in (on the whole
+    table, 20,000 keys land on pages all over the buffer: 60-128 MiB resident, by page size).
+    The answers are the whole table's, and a bigger round later uses all of it."""
+    m = OffsetMap(128 * 1024 * 1024)
+    n = 20_000
+    digests = _digests([b"key-%d" % i for i in range(n)])
+    offsets = np.arange(n, dtype=np.int64)
+    before = _resident_bytes()
+    m.clear(0, n)
+    assert m.put_many(digests, offsets) == n
+    assert m.is_latest_many(offsets).all()
+    assert _resident_bytes() - before < 8 * 1024 * 1024
+    assert m.get_many(digests).tolist() == offsets.tolist()
+    m.clear(0)
+    assert m.get_many(digests[:10]).tolist() == [-1] * 10
+    assert m.put_many(digests, offsets + 1) == n and m.get(digests[0]) == 1
 
 
 def test_fills_up_to_max_keys_exactly() -> None:
