@@ -250,9 +250,9 @@ class OffsetMap:
         one, when that is at most half the buffer (the keys a move to the whole buffer copies
         out then fit in the other half; a bigger table would save little)."""
         if offsets is not None:
-            slots = _smallest_prime_at_least(max(math.ceil(offsets / self.load_factor), offsets + 1, 2))
+            slots = max(math.ceil(offsets / self.load_factor), offsets + 1, 2)
             if slots * 20 < self.memory // 2:
-                return 1, 20, slots
+                return 1, 20, _smallest_prime_at_least(slots)
         return self._whole
 
     def _use_table(self, partitions: int, bytes_per_entry: int, slots_per_partition: int) -> None:
