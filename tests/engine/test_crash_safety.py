@@ -3,7 +3,7 @@
 The oracle is what a Kafka broker makes of a directory at start-up: ``consumer_view`` and
 ``broker_view`` (tests/kafka_logs.py) apply §4's rules to a *copy* and read it back.
 
-- SIGKILL: ``kafka-cleaner clean`` in a subprocess, killed at seeded random moments. After
+- SIGKILL: ``kafka-cleaner clean`` in a subprocess, killed before seeded random steps. After
   every kill a ``read_committed`` consumer must conclude the same latest value for every key
   as before the clean, with strictly increasing offsets and nothing past the original log
   end; a rerun that completes must end in exactly the state of an uninterrupted clean.
@@ -28,12 +28,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import step_killed_cli
 from faults import ALL_DURABLE_STEPS, APPEND, StepFaults
 from kafka_logs import (
     GENERATED_START_MS,
@@ -624,63 +624,27 @@ def _swaps_without_indexes(directory: Path) -> list[str]:
     return out
 
 
-def _rewriting(log_dir: Path) -> bool:
-    """Whether some partition of ``log_dir`` holds a ``.cleaned`` file (a rewrite under way)."""
-    for entry in os.scandir(log_dir):
-        if entry.is_dir() and any(n.endswith(".cleaned") for n in os.listdir(entry.path)):
-            return True
-    return False
-
-
 @dataclass
 class CliRun:
     killed: bool
-    returncode: int | None
+    returncode: int
     stderr: str
-    rewrite_started: float | None
-    """Seconds from the start to the first ``.cleaned`` file seen (polled)."""
-    seconds: float
 
 
-def _run_cli(log_dir: Path, policy: Path, out: Path, kill_after_rewrite: float | None) -> CliRun:
-    """Run ``clean`` on ``log_dir``. With ``kill_after_rewrite``, SIGKILL it that many seconds
-    after the first ``.cleaned`` file appeared (the moment the clean starts changing the
-    directory, whatever the machine's load made of the start-up), unless it ended before."""
-    started = time.monotonic()
+def _run_cli(log_dir: Path, policy: Path, out: Path, kill_at: int) -> CliRun:
+    """Run ``clean`` on ``log_dir``, SIGKILLed just before its ``kill_at``-th durable step
+    (``step_killed_cli``): a moment of the clean, whatever the machine's speed. ``kill_at=0``
+    kills nothing and writes the steps the clean took to ``out.with_suffix(".steps")``."""
+    arguments = ["clean", str(log_dir), "--policy", str(policy), "--now-ms", str(SIGKILL_NOW_MS), "--json"]
     with open(out, "wb") as stdout, open(out.with_suffix(".err"), "wb") as stderr:
-        proc = subprocess.Popen(
-            [str(CLI), "clean", str(log_dir), "--policy", str(policy), "--now-ms", str(SIGKILL_NOW_MS), "--json"],
-            stdout=stdout,
-            stderr=stderr,
-        )
-        rewrite_started = None
-        killed = False
+        proc = step_killed_cli.run(arguments, kill_at, out.with_suffix(".steps"), stdout=stdout, stderr=stderr)
         try:
-            while proc.poll() is None:
-                now = time.monotonic()
-                assert now - started < 300, "the clean did not end"
-                if rewrite_started is None and _rewriting(log_dir):
-                    rewrite_started = now - started
-                if (
-                    kill_after_rewrite is not None
-                    and rewrite_started is not None
-                    and now - started - rewrite_started >= kill_after_rewrite
-                ):
-                    proc.send_signal(signal.SIGKILL)
-                    killed = proc.wait() == -signal.SIGKILL
-                    break
-                time.sleep(0.005)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return CliRun(
-        killed,
-        proc.returncode,
-        out.with_suffix(".err").read_text(errors="replace"),
-        rewrite_started,
-        time.monotonic() - started,
-    )
+            returncode = proc.wait(300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"the clean of {log_dir} did not end in 300 s") from None
+    return CliRun(returncode == -signal.SIGKILL, returncode, out.with_suffix(".err").read_text(errors="replace"))
 
 
 def _segment_lists(root: Path) -> dict[str, int]:
@@ -697,9 +661,9 @@ def test_sigkill_at_random_moments_keeps_every_key_and_a_rerun_converges(tmp_pat
     original is cleaned and killed, checked, cleaned again from where the kill left it (and
     maybe killed again, while it completes the interrupted swap or re-cleans), ..., and
     finally cleaned to completion, which must give exactly the uninterrupted result. Kill
-    moments are seeded-random offsets from the first ``.cleaned`` file, scaled to how long
-    the uninterrupted clean kept rewriting, so that they land mid-clean on a slow or a busy
-    machine alike."""
+    moments are seeded-random durable steps of the clean (the clean SIGKILLs itself just
+    before one), drawn from the steps the uninterrupted clean took, so that they land
+    mid-clean on a slow or a busy machine alike."""
     original = tmp_path / "original"
     config = _sigkill_log_dir(original)
     partitions = sorted(LogDirectory(original).partition_dirs())
@@ -710,10 +674,10 @@ def test_sigkill_at_random_moments_keeps_every_key_and_a_rerun_converges(tmp_pat
 
     reference = tmp_path / "reference"
     shutil.copytree(original, reference)
-    run = _run_cli(reference, policy, tmp_path / "reference.out", None)
+    run = _run_cli(reference, policy, tmp_path / "reference.out", 0)
     assert run.returncode == 0, run.stderr
-    assert run.rewrite_started is not None
-    rewrite_seconds = run.seconds - run.rewrite_started  # how long the clean changes the dir
+    steps = int((tmp_path / "reference.steps").read_text())
+    assert steps > KILLS, f"the uncut clean took {steps} steps"
     assert leftover_files(reference) == []
     reference_records = {tp: broker_view(reference / tp.dir_name, config) for tp in partitions}
     reference_checkpoint = _checkpoint(reference)
@@ -733,13 +697,13 @@ def test_sigkill_at_random_moments_keeps_every_key_and_a_rerun_converges(tmp_pat
             segments = _segment_lists(work)
             runs += 1
             # A rerun has less left to do: kill it sooner.
-            delay = rng.uniform(0.0, 0.9 if attempt == 0 else 0.3) * rewrite_seconds
-            run = _run_cli(work, policy, tmp_path / "run.out", delay)
+            at = rng.randint(1, steps if attempt == 0 else max(1, steps * 3 // 10))
+            run = _run_cli(work, policy, tmp_path / "run.out", at)
             if not run.killed:
                 assert run.returncode == 0, run.stderr
                 break
             kills += 1
-            where = f"kill {kills} (chain {chains}, {delay:.2f} s into the rewrite)"
+            where = f"kill {kills} (chain {chains}, attempt {attempt}, before step {at} of {steps})"
             swapped += _segment_lists(work) != segments
             with_temporary_files += bool(leftover_files(work))
             for tp in partitions:
@@ -750,7 +714,7 @@ def test_sigkill_at_random_moments_keeps_every_key_and_a_rerun_converges(tmp_pat
                 assert _swaps_without_indexes(work / tp.dir_name) == [], where
         else:
             runs += 1
-            run = _run_cli(work, policy, tmp_path / "run.out", None)
+            run = _run_cli(work, policy, tmp_path / "run.out", 0)
             assert run.returncode == 0, run.stderr
         for tp in partitions:
             assert broker_view(work / tp.dir_name, config) == reference_records[tp], f"chain {chains}, {tp}"
@@ -759,5 +723,5 @@ def test_sigkill_at_random_moments_keeps_every_key_and_a_rerun_converges(tmp_pat
         shutil.rmtree(work)
     # The kills landed while the clean was changing the directory: after some groups had
     # been swapped in, and while temporary files existed.
-    assert swapped >= 5, f"only {swapped} of {kills} kills came after a swap"
-    assert with_temporary_files >= KILLS // 5, f"only {with_temporary_files} kills left .cleaned/.swap files"
+    assert swapped >= KILLS // 2, f"only {swapped} of {kills} kills came after a swap"
+    assert with_temporary_files >= KILLS // 2, f"only {with_temporary_files} kills left .cleaned/.swap files"

@@ -6,7 +6,7 @@ on those leftovers first, then started again.
 
 The points are steps of the clean, not moments: the clean kills itself just before its N-th
 durable step (a rename, fsync, write or removal of the durable-file layer, or a segment's data
-write; ``step_killed_clean.py``), N drawn from the steps an uninterrupted clean of the same
+write; ``step_killed_cli.py``), N drawn from the steps an uninterrupted clean of the same
 directory took. Kills timed by the clock landed mid-clean or not depending on the machine's
 speed (three speed-ups of the cleaner made too many land after it had finished); a step is
 mid-clean on any machine. The test still checks where they landed: ``.cleaned``/``.swap``
@@ -20,11 +20,11 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+import step_killed_cli
 from broker_workload import PARTITIONS, POLICY, TOPIC, live, produce_workload, read_all
 from kafka_broker import EACH_KAFKA_LINE, RealBroker
 
@@ -42,17 +42,13 @@ pytestmark = [
 KILLS = 20
 
 
-STEP_KILLED_CLEAN = Path(__file__).with_name("step_killed_clean.py")
-
-
 def _clean(log_dir: Path, policy: Path, tmp_path: Path, kill_at: int) -> int:
     """``clean`` of ``log_dir``, SIGKILLed just before its ``kill_at``-th step (0: not
     killed); its return code. The steps an uncut clean took, for ``kill_at=0``, are written to
     ``tmp_path / "steps"``."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "STEP_COUNT_FILE": str(tmp_path / "steps")}
-    command = [sys.executable, str(STEP_KILLED_CLEAN), str(kill_at), "clean", str(log_dir), "--policy", str(policy)]
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    return subprocess.run(command, env=env, timeout=300, check=False, **quiet).returncode
+    arguments = ["clean", str(log_dir), "--policy", str(policy)]
+    return step_killed_cli.run(arguments, kill_at, tmp_path / "steps", **quiet).wait(300)
 
 
 def _state(log_dir: Path) -> str:
