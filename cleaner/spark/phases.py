@@ -322,6 +322,11 @@ def _map_segment(
 # -- phase 1: reduce side --------------------------------------------------------------------
 
 
+FIRSTS_SLICE = -1
+"""The slice of a reducer's first-occurrence offsets: none. They stay in the reducers' kept
+output (``_round_job``) for the driver's map-full cut."""
+
+
 @dataclass(frozen=True)
 class Layout:
     """Where the reducers send their results: the phase 2 slice (task) of each group and
@@ -359,22 +364,39 @@ def _gather(
     return members, counted, mapped, unreadable
 
 
+def may_fill(scope: KeyScope) -> bool:
+    """Whether the round's offset map could fill up: its capacity not yet applied, and its
+    dirty section (to the cutoff) holding at least as many offsets as the map holds keys. No
+    offset of the dirty segments reaches the base of the segment after them (Kafka's segments
+    do not overlap); without a segment after them, nothing bounds them."""
+    plan = scope.round
+    if plan is None or scope.capacity_checked or not plan.dirty:
+        return False
+    following = plan.dirty[-1][0] + 1  # dirty segments are indexes into the plan's segments
+    if following >= len(plan.segments):
+        return True
+    end = plan.segments[following].base if scope.cutoff is None else min(plan.segments[following].base, scope.cutoff)
+    return end - plan.first_dirty_offset >= plan.max_keys
+
+
 def reduce_part(
     reducer: int,
     items: Iterable[tuple[int, tuple[int, int, int, int, bytes]]],
     scopes: Mapping[int, KeyScope],
-    layout: Layout | None,
+    layout: Layout,
     times: Any,
     reducers: int,
     memory_bytes: int,
 ) -> Iterator[tuple[tuple[int, str, int, int], Any]]:
     """One reducer: per partition, its share of the offset map, of the distinct keys and of
     every group's keep-list, keyed by the phase 2 slice they go to. Every reducer reports
-    its map size to every slice of the round, so a slice knows the map's full size.
-    Without ``layout``: only the map's first-occurrence offsets (the map-full case).
+    its map size to every slice of the round, so a slice knows the map's full size. For a
+    round whose map may fill up (``may_fill``), also its share of the map's first-occurrence
+    offsets (``"firsts"``, kept for the map-full cut, never sent to phase 2).
     Past ``memory_bytes`` of input, the input is spilled and worked through one digest
     sub-range at a time (``spill``): the same keys, keep-lists and counts, in more parts."""
     clock = _Clock("reduce", times)
+    filling = {i for i, scope in scopes.items() if may_fill(scope)}
     sizes: dict[int, int] = defaultdict(int)
     counts: dict[int, int | None] = defaultdict(int)
     with ReducerInput(reducer, reducers, memory_bytes).add_all(items) as received:
@@ -389,9 +411,8 @@ def reduce_part(
                 if scope.round is None:
                     continue
                 the_map = KeyOffsets.merge(mapped.get(i, []))
-                if layout is None:
-                    yield (0, "firsts", i, reducer), blocks.pack(first=the_map.first)
-                    continue
+                if i in filling:
+                    yield (FIRSTS_SLICE, "firsts", i, reducer), blocks.pack(first=the_map.first)
                 sizes[i] += len(the_map)
                 for g, sets in sorted(members.get(i, {}).items()):
                     keys = KeySet.union(sets)
@@ -403,10 +424,10 @@ def reduce_part(
     for i, scope in sorted(scopes.items()):
         if scope.count_keys:
             yield (0, "count", i, reducer), counts[i]
-        if scope.round is not None and layout is not None:
+        if scope.round is not None:
             for n in layout.round_slices[i]:
                 yield (n, "size", i, reducer), sizes[i]
-    if reducer == 0 and layout is not None:
+    if reducer == 0:
         for (i, g), n in layout.slice_of.items():  # every group gets its task, keep-list or not
             yield (n, "group", i, g), None
     clock.done(passes=passes)
@@ -538,9 +559,12 @@ def _round_job(
     run: RunDir | None,
     faults: Mapping | None,
     acc: Any,
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], Any | None]:
     """One Spark job: phase 1's reduce over ``keys`` (its map stage's output,
-    ``_keys_by_reducer``) and phase 2 (the groups' rewrites)."""
+    ``_keys_by_reducer``) and phase 2 (the groups' rewrites). Where a round's map may fill
+    up (``may_fill``), the reducers' output is also kept (persisted, to memory and disk) and
+    returned, so that the map-full cut reads their first-occurrence offsets without merging
+    the shuffled keys again; the caller unpersists it."""
     groups = [
         ((s.index, g), s.round.group_source_bytes(g))
         for s in scopes
@@ -558,12 +582,21 @@ def _round_job(
     shared = sc.broadcast({s.index: s for s in scopes})
     run_root = (str(run.root), run.id) if run is not None else None
     memory = reducer_memory(sc)
-    return (
-        keys.mapPartitionsWithIndex(lambda r, it: reduce_part(r, it, shared.value, layout.value, acc, reducers, memory))
-        .partitionBy(len(slices), lambda key: key[0])
+    reduced = keys.mapPartitionsWithIndex(
+        lambda r, it: reduce_part(r, it, shared.value, layout.value, acc, reducers, memory)
+    )
+    kept = None
+    if any(may_fill(s) for s in scopes):
+        from pyspark import StorageLevel
+
+        kept = reduced = reduced.persist(StorageLevel.MEMORY_AND_DISK)
+        reduced = reduced.filter(lambda row: row[0][0] != FIRSTS_SLICE)
+    rows = (
+        reduced.partitionBy(len(slices), lambda key: key[0])
         .mapPartitionsWithIndex(lambda n, it: rewrite_slice(n, it, shared.value, reducers, run_root, faults, acc))
         .collect()
     )
+    return rows, kept
 
 
 #: The map-full cut: bins of a histogram round, and the most first offsets the driver takes.
@@ -596,38 +629,28 @@ def kth_smallest_by_histograms(k: int, lo: int, hi: int, histogram: Callable[[in
             return _kth_smallest(collect(lo, hi), k)
 
 
-def _kth_first_offsets(sc: Any, scopes: list[KeyScope], keys: Any, reducers: int, acc: Any) -> dict:
+def _kth_first_offsets(scopes: list[KeyScope], reduced: Any) -> dict:
     """Per round, the ``max_keys``-th smallest first-occurrence offset of its map's keys: where
-    the single-node map fills up (the map-full case). The reducers keep their share of the
-    first offsets (cached); the driver narrows down on histograms of them (HISTOGRAM_BINS
-    counts per reducer a look) until the bin holding the k-th has at most
-    MAX_COLLECTED_OFFSETS, and takes only those: never a key's worth of anything per key, so
-    ``spark.driver.maxResultSize`` bounds nothing here (8 bytes a key were collected before).
-    ``keys``: the round's phase-1 output, reused (its rows of other scopes are passed over)."""
-    memory = reducer_memory(sc)
-    shared = sc.broadcast({s.index: s for s in scopes})
-    firsts = (
-        keys.mapPartitions(lambda rows: cut_rows(rows, shared.value, {}), preservesPartitioning=True)
-        .mapPartitionsWithIndex(lambda r, it: reduce_part(r, it, shared.value, None, acc, reducers, memory))
-        .filter(lambda row: row[0][1] == "firsts")
-        .map(lambda row: (row[0][2], blocks.unpack(row[1])["first"]))
-        .persist()
+    the single-node map fills up (the map-full case). ``reduced``: the round job's kept reducer
+    output, holding each reducer's share of the first offsets; the driver narrows down on
+    histograms of them (HISTOGRAM_BINS counts per reducer a look) until the bin holding the
+    k-th has at most MAX_COLLECTED_OFFSETS, and takes only those: never a key's worth of
+    anything per key, so ``spark.driver.maxResultSize`` bounds nothing here."""
+    firsts = reduced.filter(lambda row: row[0][1] == "firsts").map(
+        lambda row: (row[0][2], blocks.unpack(row[1])["first"])
     )
     out: dict[int, int] = {}
-    try:
-        for scope in scopes:
-            plan = scope.round
-            assert plan is not None
-            mine = firsts.filter(lambda kv, i=scope.index: kv[0] == i).values()
-            end = mine.map(lambda a: int(a.max()) + 1 if len(a) else 0).max()
-            out[scope.index] = kth_smallest_by_histograms(
-                plan.max_keys, plan.first_dirty_offset, end,
-                lambda lo, hi, mine=mine: mine.map(lambda a: _histogram(a, lo, hi)).fold(
-                    np.zeros(HISTOGRAM_BINS, dtype=np.int64), np.add),
-                lambda lo, hi, mine=mine: mine.map(lambda a: a[(a >= lo) & (a < hi)]).collect(),
-            )  # fmt: skip
-    finally:
-        firsts.unpersist()
+    for scope in scopes:
+        plan = scope.round
+        assert plan is not None
+        mine = firsts.filter(lambda kv, i=scope.index: kv[0] == i).values()
+        end = mine.map(lambda a: int(a.max()) + 1 if len(a) else 0).max()
+        out[scope.index] = kth_smallest_by_histograms(
+            plan.max_keys, plan.first_dirty_offset, end,
+            lambda lo, hi, mine=mine: mine.map(lambda a: _histogram(a, lo, hi)).fold(
+                np.zeros(HISTOGRAM_BINS, dtype=np.int64), np.add),
+            lambda lo, hi, mine=mine: mine.map(lambda a: a[(a >= lo) & (a < hi)]).collect(),
+        )  # fmt: skip
     return out
 
 
@@ -672,7 +695,7 @@ def run_rounds(
     scopes = [_cut_at_offset_limit(s) if s.round is not None else s for s in scopes]
     started = _time.time()
     keys = _keys_by_reducer(sc, scopes, reducers, faults, acc)
-    rows = _round_job(sc, scopes, keys, reducers, run, faults, acc)
+    rows, kept = _round_job(sc, scopes, keys, reducers, run, faults, acc)
     results: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         if row.get("summary"):
@@ -681,11 +704,16 @@ def run_rounds(
         else:
             results[row["round"]].append(row)
 
-    # Rounds whose map would have filled up: where exactly, then those rounds again, cut - both
-    # from the phase-1 output of the job above.
+    # Rounds whose map would have filled up: where exactly, from the kept reducer output of the
+    # job above; then those rounds again, cut, from its phase-1 output.
     full = [s for s in scopes if s.round is not None and any(r.get("overflow") for r in results[s.index])]
+    assert kept is not None or not full, "a map filled up that may_fill said could not"
+    if kept is not None:
+        try:
+            kth = _kth_first_offsets(full, kept)
+        finally:
+            kept.unpersist()
     if full:
-        kth = _kth_first_offsets(sc, full, keys, reducers, acc)
         cut, cutoffs = [], {}
         for scope in full:
             plan = scope.round
@@ -702,7 +730,7 @@ def run_rounds(
             cut.append(dataclasses.replace(scope, count_keys=False, capacity_checked=True))
             del results[scope.index]
         cut_keys = _cut_keys(sc, keys, cut, cutoffs, reducers, faults, acc)
-        for row in _round_job(sc, cut, cut_keys, reducers, run, faults, acc):
+        for row in _round_job(sc, cut, cut_keys, reducers, run, faults, acc)[0]:
             if not row.get("summary"):
                 results[row["round"]].append(row)
     ended = _time.time()

@@ -15,7 +15,16 @@ from hypothesis import strategies as st
 
 from cleaner.spark import blocks, phases
 from cleaner.spark.blocks import KeepList, KeySet
-from cleaner.spark.phases import COUNTED, LOOKUP, LOOKUP_IS_MAPPED, MAPPED, UNREADABLE, Layout, reduce_part
+from cleaner.spark.phases import (
+    COUNTED,
+    FIRSTS_SLICE,
+    LOOKUP,
+    LOOKUP_IS_MAPPED,
+    MAPPED,
+    UNREADABLE,
+    Layout,
+    reduce_part,
+)
 from cleaner.spark.spill import ReducerInput, _top_bits_range
 
 REDUCERS = 3
@@ -56,28 +65,35 @@ def shuffled_rows(seed: int, reducer: int, tasks: int, keys: int, unreadable: bo
     return rows
 
 
-SCOPES = {0: types.SimpleNamespace(count_keys=True, round=object()),
-          1: types.SimpleNamespace(count_keys=True, round=object())}  # fmt: skip
+def scopes(firsts: bool) -> dict[int, Any]:
+    """Two partitions whose rounds' maps may fill up (``may_fill``: one dirty segment, no
+    segment after it) if ``firsts``; else rounds whose capacity was applied."""
+    plan = types.SimpleNamespace(dirty=[(0, 1000, b"")], segments=[object()], first_dirty_offset=0, max_keys=1)
+    return {i: types.SimpleNamespace(count_keys=True, round=plan, cutoff=None, capacity_checked=not firsts)
+            for i in (0, 1)}  # fmt: skip
+
+
 LAYOUT = Layout({(0, 0): 0, (0, 1): 1, (1, 0): 1, (1, 1): 2}, {0: [0, 1], 1: [1, 2]})
 
 
-def outcome(rows: list[Any], reducer: int, memory: int, layout: Layout | None) -> dict[str, Any]:
+def outcome(rows: list[Any], reducer: int, memory: int, firsts: bool = False) -> dict[str, Any]:
     """The reducer's results, with the parts a spilled reducer sends separately put together."""
     keeps: dict[tuple[int, int, int], list[bytes]] = defaultdict(list)
-    firsts: dict[int, list[np.ndarray]] = defaultdict(list)
+    firsts_of: dict[int, list[np.ndarray]] = defaultdict(list)
     other = []
-    for key, value in reduce_part(reducer, iter(rows), SCOPES, layout, None, REDUCERS, memory):
+    for key, value in reduce_part(reducer, iter(rows), scopes(firsts), LAYOUT, None, REDUCERS, memory):
         if key[1] == "keep":
             keeps[(key[0], key[2], key[3])].append(value[1])
         elif key[1] == "firsts":
-            firsts[key[2]].append(blocks.unpack(value)["first"])
+            assert key[0] == FIRSTS_SLICE
+            firsts_of[key[2]].append(blocks.unpack(value)["first"])
         else:
             other.append((key, value))
     merged = {}
     for k, blobs in keeps.items():
         keep = KeepList.from_blobs(blobs, 10**9)
         merged[k] = (keep._keys.hi.tolist(), keep._keys.lo.tolist(), keep._offsets.tolist())
-    return {"keeps": merged, "firsts": {i: sorted(np.concatenate(a).tolist()) for i, a in firsts.items()},
+    return {"keeps": merged, "firsts": {i: sorted(np.concatenate(a).tolist()) for i, a in firsts_of.items()},
             "other": sorted(other, key=repr)}  # fmt: skip
 
 
@@ -87,10 +103,10 @@ def outcome(rows: list[Any], reducer: int, memory: int, layout: Layout | None) -
 def test_a_spilled_reducer_gives_what_one_pass_gives(seed, reducer, tasks, keys, unreadable, fraction, firsts):
     rows = shuffled_rows(seed, reducer, tasks, keys, unreadable)
     total = sum(len(r[1][4]) for r in rows)
-    layout = None if firsts else LAYOUT
-    in_memory = outcome(rows, reducer, total + 1, layout)
+    in_memory = outcome(rows, reducer, total + 1, firsts)
+    assert bool(in_memory["firsts"]) == firsts
     budget = max(1, total // fraction)
-    assert outcome(rows, reducer, budget, layout) == in_memory
+    assert outcome(rows, reducer, budget, firsts) == in_memory
 
 
 def test_past_its_budget_the_reducer_spills_and_no_pass_holds_much_more(monkeypatch, tmp_path):
@@ -106,11 +122,11 @@ def test_past_its_budget_the_reducer_spills_and_no_pass_holds_much_more(monkeypa
         return real(part)
 
     monkeypatch.setattr(phases, "_gather", gather)
-    spilled = outcome(rows, 1, budget, LAYOUT)
+    spilled = outcome(rows, 1, budget)
     assert len(held) == 8  # eight sub-ranges (each row in one: the outcomes below are equal)
     assert max(held) <= 1.25 * budget, (held, budget)  # digests are uniform: about a share each
     monkeypatch.setattr(phases, "_gather", real)
-    assert spilled == outcome(rows, 1, total + 1, LAYOUT)
+    assert spilled == outcome(rows, 1, total + 1)
     assert len(spilled["keeps"]) == 4 and all(len(k[0]) > 1000 for k in spilled["keeps"].values())
     assert list(tmp_path.iterdir()) == []  # the spill file went with the reducer
 
