@@ -364,19 +364,27 @@ def _gather(
     return members, counted, mapped, unreadable
 
 
+def map_offsets_end(scope: KeyScope) -> int | None:
+    """An offset past every offset the round's map can hold: the base of the segment after the
+    dirty ones (Kafka's segments do not overlap), or the cutoff if lower. None when no segment
+    follows them (nothing bounds them then)."""
+    plan = scope.round
+    assert plan is not None and plan.dirty
+    following = plan.dirty[-1][0] + 1  # dirty segments are indexes into the plan's segments
+    if following >= len(plan.segments):
+        return None
+    end = plan.segments[following].base
+    return end if scope.cutoff is None else min(end, scope.cutoff)
+
+
 def may_fill(scope: KeyScope) -> bool:
     """Whether the round's offset map could fill up: its capacity not yet applied, and its
-    dirty section (to the cutoff) holding at least as many offsets as the map holds keys. No
-    offset of the dirty segments reaches the base of the segment after them (Kafka's segments
-    do not overlap); without a segment after them, nothing bounds them."""
+    dirty section holding at least as many offsets as the map holds keys."""
     plan = scope.round
     if plan is None or scope.capacity_checked or not plan.dirty:
         return False
-    following = plan.dirty[-1][0] + 1  # dirty segments are indexes into the plan's segments
-    if following >= len(plan.segments):
-        return True
-    end = plan.segments[following].base if scope.cutoff is None else min(plan.segments[following].base, scope.cutoff)
-    return end - plan.first_dirty_offset >= plan.max_keys
+    end = map_offsets_end(scope)
+    return end is None or end - plan.first_dirty_offset >= plan.max_keys
 
 
 def reduce_part(
@@ -644,14 +652,29 @@ def _kth_first_offsets(scopes: list[KeyScope], reduced: Any) -> dict:
         plan = scope.round
         assert plan is not None
         mine = firsts.filter(lambda kv, i=scope.index: kv[0] == i).values()
-        end = mine.map(lambda a: int(a.max()) + 1 if len(a) else 0).max()
-        out[scope.index] = kth_smallest_by_histograms(
-            plan.max_keys, plan.first_dirty_offset, end,
+        out[scope.index] = kth_smallest_below(
+            plan.max_keys, plan.first_dirty_offset, map_offsets_end(scope),
+            lambda mine=mine: mine.map(lambda a: int(a.max()) + 1 if len(a) else 0).max(),
             lambda lo, hi, mine=mine: mine.map(lambda a: _histogram(a, lo, hi)).fold(
                 np.zeros(HISTOGRAM_BINS, dtype=np.int64), np.add),
             lambda lo, hi, mine=mine: mine.map(lambda a: a[(a >= lo) & (a < hi)]).collect(),
         )  # fmt: skip
     return out
+
+
+def kth_smallest_below(k: int, lo: int, bound: int | None, measure_end: Callable[[], int],
+                       histogram: Callable[[int, int], np.ndarray],
+                       collect: Callable[[int, int], list[np.ndarray]]) -> int:
+    """``kth_smallest_by_histograms`` of offsets at or above ``lo``, below ``bound`` if that holds
+    at least k of them: one job fewer than measuring their end first (``measure_end``, one
+    more pass). A bound that holds fewer (offsets past it: segments that overlap, which Kafka
+    does not write) or no bound at all: over [lo, measured end)."""
+    if bound is not None:
+        try:
+            return kth_smallest_by_histograms(k, lo, bound, histogram, collect)
+        except ValueError:  # fewer than k below the bound
+            pass
+    return kth_smallest_by_histograms(k, lo, measure_end(), histogram, collect)
 
 
 def _cut_at_offset_limit(scope: KeyScope) -> KeyScope:

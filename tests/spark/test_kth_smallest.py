@@ -49,3 +49,29 @@ def test_the_kth_of_histograms_is_the_kth_of_everything(data, reducers: int, key
 def test_a_k_past_the_count_is_an_error() -> None:
     with pytest.raises(ValueError, match="fewer than k"):
         _select([np.array([5, 9], dtype=np.int64)], 3, 0, 10)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), keys=st.integers(1, 3000), spread=st.integers(1, 10**9))
+def test_the_kth_below_any_bound_is_the_kth_of_everything(data, keys: int, spread: int) -> None:
+    """The map-full cut starts from the segment after the dirty ones as its bound: right
+    whatever the bound (too low, as with overlapping segments, or none), and the offsets'
+    end is measured only when the bound does not hold the k-th."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    offsets = 100 + rng.choice(max(spread, keys), size=keys, replace=False).astype(np.int64)
+    parts = np.array_split(rng.permutation(offsets), data.draw(st.integers(1, 4)))
+    k = data.draw(st.integers(1, keys))
+    bound = data.draw(st.none() | st.integers(101, int(offsets.max()) + 10))
+    measured = []
+
+    def measure_end() -> int:
+        measured.append(True)
+        return int(offsets.max()) + 1
+
+    got = phases.kth_smallest_below(
+        k, 100, bound, measure_end,
+        lambda a, b: np.sum([phases._histogram(p, a, b) for p in parts], axis=0),
+        lambda a, b: [p[(p >= a) & (p < b)] for p in parts],
+    )  # fmt: skip
+    assert got == int(np.sort(offsets)[k - 1])
+    assert bool(measured) == (bound is None or int((offsets < bound).sum()) < k)
