@@ -28,7 +28,9 @@ from faults import ALL_DURABLE_STEPS, APPEND, StepFaults
 def run(arguments: list[str], kill_at: int, step_count_file: Path, **popen: object) -> subprocess.Popen[bytes]:
     """Start ``kafka-cleaner *arguments``, to be SIGKILLed just before its ``kill_at``-th
     step (0: not killed, and the steps it took written to ``step_count_file``)."""
-    env = {**os.environ, "STEP_COUNT_FILE": str(step_count_file)}
+    # The script's own directory is not on sys.path under PYTHONSAFEPATH (the Makefile sets it).
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "STEP_COUNT_FILE": str(step_count_file)}
     return subprocess.Popen([sys.executable, __file__, str(kill_at), *arguments], env=env, **popen)
 
 
