@@ -29,10 +29,13 @@ its segments changed, and at most every ``reporting.deletionIntervalSeconds``: a
 the clock in between, from the timestamps computed.
 
 **Memory.** One offset map of the cleaner's ``dedupeBufferSize / threads`` (what a cleaner
-thread holds), reused for every partition. When the partition has more distinct keys than the
-map holds (``bounded``), the keys beyond it are not followed across chunks: a record of such a
-key that supersedes one in an earlier read chunk is missed, so the age reported is a **lower
-bound** (the oldest superseded record is at least that old) and the count too.
+thread holds), reused for every partition; a partition of fewer offsets than the map holds keys
+uses only the table they can fill (``OffsetMap.clear``'s end offset: the log end offset when
+the read starts; should a live broker append past it, the keys move to the whole map). When the
+partition has more distinct keys than the map holds (``bounded``), the keys beyond it are not
+followed across chunks: a record of such a key that supersedes one in an earlier read chunk is
+missed, so the age reported is a **lower bound** (the oldest superseded record is at least that
+old) and the count too.
 
 Not modelled: records of aborted transactions count as ordinary records (the next clean
 removes them whatever their key); legacy (v0/v1) batches are not read.
@@ -166,7 +169,7 @@ def read_deletion_facts(
     """One read of every record of the partition (see the module's docstring for the cost)."""
     segments = list(managed.log.segments)
     base = segments[0].base_offset if segments else 0
-    offset_map.clear(base)
+    offset_map.clear(base, managed.log.log_end_offset)
     since: int | None = None
     since_offset: int | None = None
     horizon: int | None = None

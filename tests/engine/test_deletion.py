@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -266,3 +267,25 @@ def test_a_replica_out_of_sync_holds_an_expired_tombstone(tmp_path: Path) -> Non
             assert after.oldest_expired_tombstone_age_ms == DAY and after.held_back_by == "replicaOutOfSync"
         else:
             assert after.oldest_expired_tombstone_age_ms is None and after.held_back_by is None
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_the_facts_of_a_small_partition_touch_only_the_map_its_offsets_can_fill(tmp_path: Path) -> None:
+    """A partition of 20,000 offsets read with the cleaner's default 128 MiB map: its keys go in
+    a table of ~0.4 MB at the start of the map, the rest is never faulted in (on the whole
+    table they land on pages all over it: 60-128 MiB resident, by page size)."""
+    w = LogWriter(tmp_path / TP.dir_name)
+    keys = [b"key-%05d" % i for i in range(10_000)]
+    w.data(keys, timestamps=[BASE_TS] * len(keys))
+    w.data(keys, timestamps=[BASE_TS + 1] * len(keys))  # every key overwritten once
+    w.close()
+    _hw(tmp_path, w)
+    cache = DeletionCache(128 * 1024 * 1024, 0.9, 1)
+    before = _resident_bytes()
+    facts = _status(tmp_path, _policy(), cache=cache).deletion
+    assert _resident_bytes() - before < 8 * 1024 * 1024
+    assert facts is not None and facts.superseded_records == 10_000 and not facts.bounded
