@@ -730,11 +730,12 @@ def run_rounds(
     # Rounds whose map would have filled up: where exactly, from the kept reducer output of the
     # job above; then those rounds again, cut, from its phase-1 output.
     full = [s for s in scopes if s.round is not None and any(r.get("overflow") for r in results[s.index])]
-    assert kept is not None or not full, "a map filled up that may_fill said could not"
-    if kept is not None:
-        try:
-            kth = _kth_first_offsets(full, kept)
-        finally:
+    try:
+        if full and kept is None:
+            raise KafkaCleanerError(f"rounds {[s.index for s in full]}: a map filled up that could not (may_fill)")
+        kth = _kth_first_offsets(full, kept) if full else {}
+    finally:
+        if kept is not None:
             kept.unpersist()
     if full:
         cut, cutoffs = [], {}
