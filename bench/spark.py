@@ -92,6 +92,7 @@ class JobMetrics:
 
     shuffle_written: int = 0
     shuffle_read: int = 0
+    jobs: int = 0
     tasks: int = 0
     peak_jvm_heap: int = 0
     peak_python_rss: int = 0
@@ -113,7 +114,7 @@ def job_metrics(event_dir: Path) -> dict[str, JobMetrics]:
                     group = (event.get("Properties") or {}).get("spark.jobGroup.id")
                     if group:
                         stage_group.update({sid: group for sid in event["Stage IDs"]})
-                        metrics.setdefault(group, JobMetrics())
+                        metrics.setdefault(group, JobMetrics()).jobs += 1
                     continue
                 group = stage_group.get(event.get("Stage ID", -1))
                 if group is None:
@@ -351,7 +352,7 @@ def main() -> None:
         spark.stop()  # the event log is complete once the application has ended
         for name, m in job_metrics(events).items():
             rows.append((f"spark: {name}",
-                         f"{m.tasks} tasks, shuffle {m.shuffle_written / 1e6:.1f} MB written "
+                         f"{m.jobs} jobs, {m.tasks} tasks, shuffle {m.shuffle_written / 1e6:.1f} MB written "
                          f"{m.shuffle_read / 1e6:.1f} MB read; executor peaks: JVM heap {m.peak_jvm_heap / 1e6:.0f} "
                          f"MB, Python workers' RSS {m.peak_python_rss / 1e6:.0f} MB"))
         spark1 = spark_session("local[1,4]", app_name="bench-1")
