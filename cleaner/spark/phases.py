@@ -612,69 +612,128 @@ HISTOGRAM_BINS = 4096
 MAX_COLLECTED_OFFSETS = 1 << 16
 
 
+def _inside(first: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    return first[(first >= lo) & (first < hi)]
+
+
 def _histogram(first: np.ndarray, lo: int, hi: int) -> np.ndarray:
     """Counts of ``first`` in HISTOGRAM_BINS equal offset bins of [lo, hi)."""
-    inside = first[(first >= lo) & (first < hi)]
+    inside = _inside(first, lo, hi)
     width = -(-(hi - lo) // HISTOGRAM_BINS)
     return np.bincount((inside - lo) // width, minlength=HISTOGRAM_BINS)[:HISTOGRAM_BINS]
 
 
-def kth_smallest_by_histograms(k: int, lo: int, hi: int, histogram: Callable[[int, int], np.ndarray],
-                               collect: Callable[[int, int], list[np.ndarray]]) -> int:
-    """The k-th smallest (1-based) of distributed offsets in [lo, hi), from ``histogram(lo, hi)``
-    (their counts in HISTOGRAM_BINS equal bins of [lo, hi)) and ``collect(lo, hi)`` (the
-    offsets in [lo, hi)): narrows down to the bin holding the k-th until it holds at most
-    MAX_COLLECTED_OFFSETS (or is one offset wide), then collects that bin only."""
-    while True:
-        counts = histogram(lo, hi)
-        cumulative = np.cumsum(counts)
-        if cumulative[-1] < k:
-            raise ValueError(f"{int(cumulative[-1])} offsets in [{lo}, {hi}), fewer than k = {k}")
-        b = int(np.searchsorted(cumulative, k))  # the bin where the count reaches k
-        width = -(-(hi - lo) // HISTOGRAM_BINS)
-        lo, hi, k = lo + b * width, min(lo + (b + 1) * width, hi), k - (int(cumulative[b - 1]) if b else 0)
-        if counts[b] <= MAX_COLLECTED_OFFSETS or width == 1:
-            return _kth_smallest(collect(lo, hi), k)
+Ranges = Mapping[int, tuple[int, int]]
+"""Per round (its scope's index), an offset range [lo, hi)."""
+
+
+def kth_smallest_by_histograms(
+    wanted: Mapping[int, tuple[int, int, int]],
+    histograms: Callable[[Ranges], Mapping[int, np.ndarray]],
+    collect: Callable[[Ranges], Mapping[int, list[np.ndarray]]],
+) -> dict[int, int | None]:
+    """Per round i of ``wanted`` (i -> (k, lo, hi)), the k-th smallest (1-based) of its
+    distributed offsets in [lo, hi), or None if the range holds fewer than k. Every round at
+    once: ``histograms(ranges)`` counts each round's offsets in HISTOGRAM_BINS equal bins of its
+    range (one pass over all of them), and the driver narrows each round down to the bin
+    holding its k-th until that bin holds at most MAX_COLLECTED_OFFSETS (or is one offset
+    wide); then ``collect(ranges)`` takes only those bins' offsets, in one more pass."""
+    out: dict[int, int | None] = {}
+    narrowing = dict(wanted)
+    final: dict[int, tuple[int, int, int]] = {}
+    while narrowing:
+        counts_of = histograms({i: (lo, hi) for i, (_, lo, hi) in narrowing.items()})
+        for i, (k, lo, hi) in list(narrowing.items()):
+            del narrowing[i]
+            counts = counts_of.get(i, np.zeros(HISTOGRAM_BINS, dtype=np.int64))
+            cumulative = np.cumsum(counts)
+            if cumulative[-1] < k:
+                out[i] = None
+                continue
+            b = int(np.searchsorted(cumulative, k))  # the bin where the count reaches k
+            width = -(-(hi - lo) // HISTOGRAM_BINS)
+            lo, hi, k = lo + b * width, min(lo + (b + 1) * width, hi), k - (int(cumulative[b - 1]) if b else 0)
+            if counts[b] <= MAX_COLLECTED_OFFSETS or width == 1:
+                final[i] = (k, lo, hi)
+            else:
+                narrowing[i] = (k, lo, hi)
+    if final:
+        parts_of = collect({i: (lo, hi) for i, (_, lo, hi) in final.items()})
+        out.update({i: _kth_smallest(parts_of.get(i, []), k) for i, (k, _, _) in final.items()})
+    return out
+
+
+def kth_smallest_below(
+    wanted: Mapping[int, tuple[int, int, int | None]],
+    measure_ends: Callable[[list[int]], Mapping[int, int]],
+    histograms: Callable[[Ranges], Mapping[int, np.ndarray]],
+    collect: Callable[[Ranges], Mapping[int, list[np.ndarray]]],
+) -> dict[int, int]:
+    """``kth_smallest_by_histograms`` of each round's offsets at or above ``lo``, below its
+    ``bound`` (i -> (k, lo, bound)) if that holds at least k of them: one pass fewer than
+    measuring their ends first (``measure_ends``). A bound that holds fewer (offsets past it:
+    segments that overlap, which Kafka does not write) or no bound at all: over [lo, the
+    measured end)."""
+    found = kth_smallest_by_histograms(
+        {i: (k, lo, bound) for i, (k, lo, bound) in wanted.items() if bound is not None}, histograms, collect
+    )
+    unbounded = sorted(i for i in wanted if found.get(i) is None)
+    if unbounded:
+        ends = measure_ends(unbounded)
+        found.update(kth_smallest_by_histograms(
+            {i: (wanted[i][0], wanted[i][1], ends[i]) for i in unbounded}, histograms, collect))  # fmt: skip
+    short = {i: wanted[i][0] for i in wanted if found.get(i) is None}
+    if short:
+        raise ValueError(f"rounds {sorted(short)}: fewer first offsets than the map holds keys (k = {short})")
+    return {i: int(v) for i, v in found.items() if v is not None}
+
+
+def _merge_arrays(a: dict[int, np.ndarray], b: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    for i, counts in b.items():
+        a[i] = a[i] + counts if i in a else counts
+    return a
+
+
+def _merge_ends(a: dict[int, int], b: dict[int, int]) -> dict[int, int]:
+    for i, end in b.items():
+        a[i] = max(a.get(i, 0), end)
+    return a
 
 
 def _kth_first_offsets(scopes: list[KeyScope], reduced: Any) -> dict:
     """Per round, the ``max_keys``-th smallest first-occurrence offset of its map's keys: where
     the single-node map fills up (the map-full case). ``reduced``: the round job's kept reducer
-    output, holding each reducer's share of the first offsets; the driver narrows down on
-    histograms of them (HISTOGRAM_BINS counts per reducer a look) until the bin holding the
-    k-th has at most MAX_COLLECTED_OFFSETS, and takes only those: never a key's worth of
-    anything per key, so ``spark.driver.maxResultSize`` bounds nothing here."""
+    output, holding each reducer's share of the first offsets; the driver narrows every round
+    down at once on histograms of them (HISTOGRAM_BINS counts per reducer and round a look)
+    until the bin holding the k-th has at most MAX_COLLECTED_OFFSETS, and takes only those:
+    never a key's worth of anything per key, so ``spark.driver.maxResultSize`` bounds nothing
+    here; and a few jobs however many partitions' maps fill up."""
     firsts = reduced.filter(lambda row: row[0][1] == "firsts").map(
         lambda row: (row[0][2], blocks.unpack(row[1])["first"])
     )
-    out: dict[int, int] = {}
+
+    def histograms(ranges: Ranges) -> Mapping[int, np.ndarray]:
+        mine = firsts.filter(lambda kv: kv[0] in ranges)
+        return mine.map(lambda kv: {kv[0]: _histogram(kv[1], *ranges[kv[0]])}).fold({}, _merge_arrays)
+
+    def collect(ranges: Ranges) -> Mapping[int, list[np.ndarray]]:
+        mine = firsts.filter(lambda kv: kv[0] in ranges)
+        parts: dict[int, list[np.ndarray]] = defaultdict(list)
+        for i, a in mine.map(lambda kv: (kv[0], _inside(kv[1], *ranges[kv[0]]))).collect():
+            parts[i].append(a)
+        return parts
+
+    def measure_ends(rounds: list[int]) -> Mapping[int, int]:
+        chosen = set(rounds)
+        mine = firsts.filter(lambda kv: kv[0] in chosen)
+        return mine.map(lambda kv: {kv[0]: int(kv[1].max()) + 1 if len(kv[1]) else 0}).fold({}, _merge_ends)
+
+    wanted = {}
     for scope in scopes:
         plan = scope.round
         assert plan is not None
-        mine = firsts.filter(lambda kv, i=scope.index: kv[0] == i).values()
-        out[scope.index] = kth_smallest_below(
-            plan.max_keys, plan.first_dirty_offset, map_offsets_end(scope),
-            lambda mine=mine: mine.map(lambda a: int(a.max()) + 1 if len(a) else 0).max(),
-            lambda lo, hi, mine=mine: mine.map(lambda a: _histogram(a, lo, hi)).fold(
-                np.zeros(HISTOGRAM_BINS, dtype=np.int64), np.add),
-            lambda lo, hi, mine=mine: mine.map(lambda a: a[(a >= lo) & (a < hi)]).collect(),
-        )  # fmt: skip
-    return out
-
-
-def kth_smallest_below(k: int, lo: int, bound: int | None, measure_end: Callable[[], int],
-                       histogram: Callable[[int, int], np.ndarray],
-                       collect: Callable[[int, int], list[np.ndarray]]) -> int:
-    """``kth_smallest_by_histograms`` of offsets at or above ``lo``, below ``bound`` if that holds
-    at least k of them: one job fewer than measuring their end first (``measure_end``, one
-    more pass). A bound that holds fewer (offsets past it: segments that overlap, which Kafka
-    does not write) or no bound at all: over [lo, measured end)."""
-    if bound is not None:
-        try:
-            return kth_smallest_by_histograms(k, lo, bound, histogram, collect)
-        except ValueError:  # fewer than k below the bound
-            pass
-    return kth_smallest_by_histograms(k, lo, measure_end(), histogram, collect)
+        wanted[scope.index] = (plan.max_keys, plan.first_dirty_offset, map_offsets_end(scope))
+    return kth_smallest_below(wanted, measure_ends, histograms, collect)
 
 
 def _cut_at_offset_limit(scope: KeyScope) -> KeyScope:
