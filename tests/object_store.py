@@ -92,6 +92,18 @@ class ObjectStore:
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
             list(pool.map(put, todo))
 
+    def download_log_dir(self, uri: str, local: Path) -> Path:
+        """Every object of a log dir in the store onto ``local``, as ``rclone copy`` brings one
+        back to a broker's disk (each file's time from its ``mtime`` metadata). Read by the
+        jobs' own reader, which finds the store in the environment: set ``env()`` first."""
+        from cleaner.spark.object_store import ObjectLogDir, download
+
+        log_dir = ObjectLogDir.parse(uri)
+        root, partitions = log_dir.layout()
+        for o in root + [o for listed in partitions.values() for o in listed]:
+            download(log_dir, o, local / o.name)
+        return local
+
     def env(self) -> dict[str, str]:
         """The variables that make a plain ``boto3.client("s3")`` of another process use this
         store (botocore addresses an IP endpoint path-style by itself). Lay them over an

@@ -71,6 +71,19 @@ class LogDirInput(click.ParamType):
 log_dir_inputs = click.argument("inputs", nargs=-1, required=True, type=LogDirInput())
 
 
+class OutputLocation(click.ParamType):
+    """``compact``'s --output: a directory, or a prefix in S3-compatible object storage
+    (``cleaner.spark.object_output``)."""
+
+    name = "DIR|s3://BUCKET/PREFIX"
+    local = click.Path(file_okay=False, path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path | str:
+        if is_object_uri(value):
+            return str(value)
+        return self.local.convert(value, param, ctx)
+
+
 def _faults() -> dict[str, Any] | None:
     text = os.environ.get(FAULTS_ENV)
     return json.loads(text) if text else None
@@ -93,7 +106,7 @@ def _run_job(
     job: Callable[..., Any],
     target: Any,
     policy_path: Path,
-    output: Path | None,
+    output: Path | str | None,
     now_ms: int | None,
     staging: Path | None,
     master: str | None,
@@ -157,7 +170,13 @@ def report_command(
 @spark_group.command("compact")
 @log_dir_inputs
 @policy_option
-@output_dir_option
+@click.option(
+    "--output",
+    type=OutputLocation(),
+    default=None,
+    help="Copy-on-write: write the cleaned log dirs under this directory or object-storage prefix "
+    "(s3://bucket/prefix, marked whole by its _SUCCESS object; needs --staging); the input is only read.",
+)
 @now_option
 @staging_option
 @master_option
@@ -165,7 +184,7 @@ def report_command(
 def compact_command(
     inputs: tuple[Path | str, ...],
     policy_path: Path,
-    output: Path | None,
+    output: Path | str | None,
     now_ms: int | None,
     staging: Path | None,
     master: str | None,
@@ -176,7 +195,7 @@ def compact_command(
     OUTPUT/<log dir name>/ and the input is only read; without it they are cleaned in place
     (a path every executor sees; refused while a broker holds a log dir's .lock). An INPUT
     may be a log dir in S3-compatible object storage (s3://bucket/prefix), cleaned with
-    --output."""
+    --output, which may be in object storage too."""
     from .compact import compact
 
     result = _run_job(compact, inputs, policy_path, output, now_ms, staging, master)

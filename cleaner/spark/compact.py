@@ -12,6 +12,8 @@ The driver commits from the manifest:
 - ``--output``: each staged partition directory is renamed to ``<output>/<log dir
   name>/<partition>`` and each output log dir gets the source's root files with its
   ``cleaner-offset-checkpoint`` updated. The source is only read.
+- ``--output s3://bucket/prefix``: the tasks upload the partitions, the driver the root
+  files and then ``_SUCCESS`` (``cleaner.spark.object_output``).
 - in place (a shared volume every executor sees; the driver holds each log dir's
   ``.lock`` for the whole job, so a running broker makes the job refuse): each changed
   partition's new segments are swapped in with Kafka's protocol in one
@@ -57,7 +59,16 @@ from .commit import (
     update_cleaner_checkpoint,
     write_output_root,
 )
-from .object_store import ObjectLogDir, is_object_uri, mirror
+from .object_output import (
+    fetch_root_file,
+    holds_output,
+    output_identity,
+    output_log_dir,
+    upload_files,
+    withdraw_success,
+    write_success,
+)
+from .object_store import ObjectLogDir, is_object_uri, mirror, scratch_base
 from .plan import (
     PartitionRef,
     StalePlanError,
@@ -165,36 +176,45 @@ def compact(
     for root in roots:
         if not is_object_uri(root) and not Path(root).is_dir():
             raise KafkaCleanerError(f"{root}: no such log directory")
-    out = local_path(output, "--output") if output is not None else None
-    if out is None and any(is_object_uri(root) for root in roots):
-        raise KafkaCleanerError("a log dir in object storage is cleaned copy-on-write: give --output (a file system)")
-    if out is not None:
-        for root in roots:
+    object_out = ObjectLogDir.parse(str(output)) if output is not None and is_object_uri(str(output)) else None
+    out = local_path(output, "--output") if output is not None and object_out is None else None
+    if output is None and any(is_object_uri(root) for root in roots):
+        raise KafkaCleanerError("a log dir in object storage is cleaned copy-on-write: give --output")
+    for root in roots:
+        if out is not None and not is_object_uri(root):
             r = Path(root)
-            if not is_object_uri(root) and (out == r or r in out.parents or out in r.parents):
+            if out == r or r in out.parents or out in r.parents:
                 raise KafkaCleanerError(f"--output {out} must be outside the input log dir {root}")
+        if object_out is not None and is_object_uri(root) and object_out.overlaps(ObjectLogDir.parse(root)):
+            raise KafkaCleanerError(f"--output {object_out.uri} must be outside the input log dir {root}")
+    if object_out is not None and staging is None:
+        raise KafkaCleanerError(
+            f"--output {object_out.uri}: an output in object storage needs --staging, a directory the driver "
+            "and every executor see (the run's plan, manifest and task results; no segment data)"
+        )
     staging_root = (
         Path(staging).absolute()
         if staging is not None
         else (out / STAGING_DIR_NAME if out is not None else Path(roots[0]).parent / STAGING_DIR_NAME)
     )
+    output_name = object_out.uri if object_out is not None else str(out) if out is not None else None
     locks: list[LogDirLock] = []
     try:
-        if out is None:
+        if output is None:
             for root in roots:
                 locks.append(LogDirLock(root).acquire())  # LogDirLockedError if a broker holds it
             resumed = _resume_in_place(staging_root, roots, policy)
             if resumed is not None:
                 return resumed
         refs = list_partitions(roots, policy, compacted_only=True)
-        if out is None:
+        if output is None:
             for ref in refs:  # what opening the log writable does first, as a broker's start-up
                 startup = startup_plan_for(ref.path)
                 if not startup.is_empty:
                     apply_startup_plan(ref.path, startup)
         keys = root_keys(roots)
         identity = {
-            "output": str(out) if out is not None else None,
+            "output": output_name,
             "roots": {root: root_fingerprint(root) for root in roots},
             "partitions": [[ref.root, ref.topic, ref.partition, partition_fingerprint(ref)] for ref in refs],
             "policy": policy_identity(policy),
@@ -202,7 +222,7 @@ def compact(
         }
         run = RunDir(staging_root, run_id("compact", identity))
         result = CompactResult(run.id, "committed")
-        if run.committed and not holds_commit((run.read_json(COMMITTED) or {}).get("identity")):
+        if run.committed and not _holds(run, object_out):
             log.warning("run %s: its paths no longer hold what it committed (restored?): planning it again", run.id)
             shutil.rmtree(run.path)
         if run.committed:
@@ -218,13 +238,15 @@ def compact(
             run.create()
             run.write_json("plan.json", {"now": now, "identity": identity})
             tasks = [CompactTask(ref, keys[ref.root], given[ref.root]) for ref in refs]
+            if object_out is not None:
+                withdraw_success(object_out)  # not whole from here until the commit
             t0 = _time.perf_counter()
-            partitions = _run_tasks(spark, tasks, policy, now, run, out is not None, faults)
+            partitions = _run_tasks(spark, tasks, policy, now, run, output_name, faults)
             result.seconds["job"] = _time.perf_counter() - t0
             maybe_fail(faults, "before-manifest")
             manifest = {
                 "kind": "compact",
-                "output": str(out) if out is not None else None,
+                "output": output_name,
                 "now": now,
                 "roots": [[root, keys[root]] for root in roots],
                 "partitions": partitions,
@@ -248,7 +270,7 @@ def _run_tasks(
     policy: Policy,
     now: int,
     run: RunDir,
-    output_mode: bool,
+    output: str | None,
     faults: Mapping[str, Any] | None,
 ) -> list[dict[str, Any]]:
     if not tasks:
@@ -264,7 +286,7 @@ def _run_tasks(
     run_root = (str(run.root), run.id)
     results = (
         sc.parallelize(ordered, len(ordered))
-        .map(lambda t: compact_partition(t, shared_policy.value, now, RunDir(*run_root), output_mode, faults))
+        .map(lambda t: compact_partition(t, shared_policy.value, now, RunDir(*run_root), output, faults))
         .collect()
     )
     return sorted(results, key=lambda r: (r["root"], r["topic"], r["partition"]))
@@ -306,10 +328,12 @@ def segment_diff(before: Mapping[str, int], after: Mapping[str, int]) -> tuple[l
 
 
 def compact_partition(
-    task: CompactTask, policy: Policy, now: int, run: RunDir, output_mode: bool, faults: Mapping[str, Any] | None
+    task: CompactTask, policy: Policy, now: int, run: RunDir, output: str | None, faults: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    """One partition: the engine's clean of a private copy, staged. A partition in object
-    storage is read from its mirror on this host (``PartitionRef.localized``)."""
+    """One partition: the engine's clean of a private copy, staged - or, for an ``output``
+    in object storage, made on this executor's disk and uploaded over the output's partition
+    (``cleaner.spark.object_output``). A partition in object storage is read from its mirror
+    on this host (``PartitionRef.localized``)."""
     ref = task.ref
     done = run.done / task.root_key / ref.tp.dir_name
     if (done / "result.json").exists():
@@ -355,45 +379,63 @@ def compact_partition(
         "reused": False,
     }
     attempt = new_attempt_dir(run, f"{task.root_key}.{ref.tp.dir_name}")
-    mini = attempt / "root"
-    if report.eligible or retention_possible:
-        result["action"] = "cleaned"
-        mini.mkdir()
-        with os.scandir(local.root) as it:
-            for entry in it:
-                if entry.is_file(follow_symlinks=False) and entry.name != LOCK_FILE:
-                    shutil.copy2(entry.path, mini / entry.name)
-        copy_tree(local.path, mini / ref.tp.dir_name)
-        before = _inodes(mini / ref.tp.dir_name)
-        outcome = cleaning.clean([mini], policy, clock)
-        after = _inodes(mini / ref.tp.dir_name)
-        new, replaced, unexpected = segment_diff(before, after)
-        checkpoint = OffsetCheckpointFile(mini / CLEANER_OFFSET_CHECKPOINT).read().get(ref.tp)
-        uncleanable = [reason for tps in outcome.uncleanable.values() for reason in tps.values()]
-        result.update(
-            changed=bool(new or replaced),
-            newSegments=new,
-            replacedSegments=replaced,
-            unexpectedChanges=unexpected,
-            rounds=len(outcome.results),
-            recordsRead=sum(r.stats.messages_read for r in outcome.results),
-            recordsWritten=sum(r.stats.messages_written for r in outcome.results),
-            tombstonesRemoved=sum(r.stats.tombstones_removed for r in outcome.results),
-            bytesAfter=outcome.bytes_after,
-            checkpoint=checkpoint if checkpoint != source_checkpoint else None,
-            endOffset=checkpoint,
-            uncleanable="; ".join(uncleanable) or None,
-        )
-        if not result["changed"] and result["checkpoint"] is None:
-            result["action"] = "unchanged"
-    else:
-        result["action"] = "copied" if output_mode else "skipped"
-        if output_mode:
-            copy_tree(local.path, mini / ref.tp.dir_name)
+    object_out = ObjectLogDir.parse(output) if output is not None and is_object_uri(output) else None
+    scratch = attempt if object_out is None else Path(tempfile.mkdtemp(prefix="clean-", dir=scratch_base()))
+    mini = scratch / "root"
+    try:
+        if report.eligible or retention_possible:
+            result.update(_clean_copy(local, mini, policy, clock, source_checkpoint))
+        else:
+            result["action"] = "copied" if output is not None else "skipped"
+            if output is not None and object_out is None:
+                copy_tree(local.path, mini / ref.tp.dir_name)
+        if object_out is not None:
+            written = mini / ref.tp.dir_name if result["action"] != "copied" else local.path
+            target = output_log_dir(object_out, task.root_key)
+            result["outputObjects"] = upload_files(target, written, ref.tp.dir_name, exact=True)
+    finally:
+        if scratch != attempt:  # on this executor's disk: uploaded, or failed
+            shutil.rmtree(scratch, ignore_errors=True)
     result["seconds"] = _time.perf_counter() - started
     files.atomic_write(attempt / "result.json", _json(result))
     finish_attempt(attempt, done)
     return result
+
+
+def _clean_copy(
+    local: PartitionRef, mini: Path, policy: Policy, clock: Time, source_checkpoint: int | None
+) -> dict[str, Any]:
+    """``kafka-cleaner clean`` of a copy of the partition in the private log dir ``mini``
+    (with the log dir's root files); the result's fields it decides."""
+    tp = local.tp
+    mini.mkdir()
+    with os.scandir(local.root) as it:
+        for entry in it:
+            if entry.is_file(follow_symlinks=False) and entry.name != LOCK_FILE:
+                shutil.copy2(entry.path, mini / entry.name)
+    copy_tree(local.path, mini / tp.dir_name)
+    before = _inodes(mini / tp.dir_name)
+    outcome = cleaning.clean([mini], policy, clock)
+    after = _inodes(mini / tp.dir_name)
+    new, replaced, unexpected = segment_diff(before, after)
+    checkpoint = OffsetCheckpointFile(mini / CLEANER_OFFSET_CHECKPOINT).read().get(tp)
+    uncleanable = [reason for tps in outcome.uncleanable.values() for reason in tps.values()]
+    changed = checkpoint if checkpoint != source_checkpoint else None
+    return {
+        "action": "cleaned" if new or replaced or changed is not None else "unchanged",
+        "changed": bool(new or replaced),
+        "newSegments": new,
+        "replacedSegments": replaced,
+        "unexpectedChanges": unexpected,
+        "rounds": len(outcome.results),
+        "recordsRead": sum(r.stats.messages_read for r in outcome.results),
+        "recordsWritten": sum(r.stats.messages_written for r in outcome.results),
+        "tombstonesRemoved": sum(r.stats.tombstones_removed for r in outcome.results),
+        "bytesAfter": outcome.bytes_after,
+        "checkpoint": changed,
+        "endOffset": checkpoint,
+        "uncleanable": "; ".join(uncleanable) or None,
+    }
 
 
 def _json(value: Any) -> bytes:
@@ -410,6 +452,8 @@ def commit(run: RunDir, manifest: Mapping[str, Any], policy: Policy) -> dict[str
     for p in manifest["partitions"]:
         if p["checkpoint"] is not None:
             checkpoints[p["root"]][PartitionRef(p["root"], p["topic"], p["partition"]).tp] = p["checkpoint"]
+    if manifest["output"] is not None and is_object_uri(manifest["output"]):
+        return _commit_to_object_storage(run, manifest, checkpoints)
     if manifest["output"] is not None:
         out = Path(manifest["output"])
         for p in manifest["partitions"]:
@@ -449,6 +493,42 @@ def commit(run: RunDir, manifest: Mapping[str, Any], policy: Policy) -> dict[str
     run.mark_committed({"partitions": len(refs), "notCommitted": failed, "identity": identity})
     run.clean_up()
     return failed
+
+
+def _commit_to_object_storage(run: RunDir, manifest: Mapping[str, Any], checkpoints: Mapping[str, dict]) -> dict:
+    """The tasks uploaded the partitions; the root files of each output log dir (the output's
+    ``cleaner-offset-checkpoint``, if it has one, updated as on a file system), then
+    ``_SUCCESS``, last."""
+    out = ObjectLogDir.parse(manifest["output"])
+    written: dict[str, list[str]] = {}
+    for root, key in manifest["roots"]:
+        target = output_log_dir(out, key)
+        with tempfile.TemporaryDirectory(prefix="kafka-cleaner-root-") as tmp:
+            source = mirror(ObjectLogDir.parse(root), base=Path(tmp) / "in") if is_object_uri(root) else root
+            staged = Path(tmp) / "out"
+            staged.mkdir()
+            fetch_root_file(target, CLEANER_OFFSET_CHECKPOINT, staged / CLEANER_OFFSET_CHECKPOINT)
+            write_output_root(staged, source, checkpoints.get(root, {}))
+            upload_files(target, staged, exact=False)
+        written[target.uri] = [
+            PartitionRef(p["root"], p["topic"], p["partition"]).tp.dir_name
+            for p in manifest["partitions"]
+            if p["rootKey"] == key
+        ]
+    identity = output_identity(written)
+    write_success(out, run.id, identity)
+    run.mark_committed({"partitions": len(manifest["partitions"]), "notCommitted": {}, "identity": identity})
+    run.clean_up()
+    return {}
+
+
+def _holds(run: RunDir, object_out: ObjectLogDir | None) -> bool:
+    """Whether the run's committed output (or its paths, in place) still holds what the
+    commit left: a restore or another writer makes the run plan again."""
+    identity = (run.read_json(COMMITTED) or {}).get("identity")
+    if object_out is not None:
+        return bool(identity) and holds_output(object_out, run.id, identity)
+    return holds_commit(identity)
 
 
 def _with_refusals(partitions: list[dict[str, Any]], refused: Mapping[str, str]) -> list[dict[str, Any]]:

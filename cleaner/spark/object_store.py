@@ -87,13 +87,18 @@ class ObjectLogDir:
     def key(self, name: str) -> str:
         return f"{self.prefix}/{name}"
 
+    def overlaps(self, other: ObjectLogDir) -> bool:
+        """Whether one holds the other (or both are the same prefix)."""
+        a, b = self.prefix + "/", other.prefix + "/"
+        return self.bucket == other.bucket and (a.startswith(b) or b.startswith(a))
+
     def listing(self, under: str = "", *, top_level: bool = False) -> list[ObjectInfo]:
         """Every object under the log dir (or under ``under``, a partition's "t-0/"; with
         ``top_level``, only those not in a "directory": the root files), sorted."""
         out = []
         start = self.key(under) if under else self.prefix + "/"
         args = {"Bucket": self.bucket, "Prefix": start, **({"Delimiter": "/"} if top_level else {})}
-        pages = _client().get_paginator("list_objects_v2").paginate(**args)
+        pages = s3_client().get_paginator("list_objects_v2").paginate(**args)
         try:
             for page in pages:
                 for item in page.get("Contents", []):
@@ -127,7 +132,7 @@ CLIENT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "A
 """The environment boto3 configures a client from: a client is made again when it changes."""
 
 
-def _client() -> Any:
+def s3_client() -> Any:
     """boto3's S3 client, configured by its environment (endpoint, credentials, region)."""
     return _client_for(tuple(os.environ.get(name) for name in CLIENT_ENV))
 
@@ -149,6 +154,14 @@ def mirror_base() -> Path:
     process's own, removed when it exits."""
     local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0]
     return Path(local) / MIRROR_DIR_NAME if local else _private_base()
+
+
+def scratch_base() -> Path:
+    """Where a task makes the files it uploads (``cleaner.spark.object_output``): beside the
+    mirrors, on the executor's local disk."""
+    base = mirror_base()
+    base.mkdir(parents=True, exist_ok=True)
+    return base
 
 
 @functools.cache
@@ -179,7 +192,7 @@ def mirror(log_dir: ObjectLogDir, partition: str | None = None, *, base: Path | 
     work.mkdir(parents=True)
     try:
         for o in objects:
-            _download(log_dir, o, work / o.name)
+            download(log_dir, o, work / o.name)
         for name in dirs:
             (work / name).mkdir(exist_ok=True)
         try:
@@ -192,12 +205,12 @@ def mirror(log_dir: ObjectLogDir, partition: str | None = None, *, base: Path | 
     return final
 
 
-def _download(log_dir: ObjectLogDir, o: ObjectInfo, path: Path) -> None:
+def download(log_dir: ObjectLogDir, o: ObjectInfo, path: Path) -> None:
     """One object to ``path``, checked against the listing; its mtime from the metadata."""
     path.parent.mkdir(parents=True, exist_ok=True)
     key = log_dir.key(o.name)
     try:
-        got = _client().get_object(Bucket=log_dir.bucket, Key=key)
+        got = s3_client().get_object(Bucket=log_dir.bucket, Key=key)
         with open(path, "wb") as f:
             shutil.copyfileobj(got["Body"], f, 8 << 20)
     except Exception as e:

@@ -99,8 +99,9 @@ def local_path(path: str | os.PathLike[str], what: str) -> Path:
     text = os.fspath(path)
     if "://" in text:
         raise KafkaCleanerError(
-            f"{what} {text}: object storage is not a file system; the jobs read a log dir from it "
-            f"(s3://bucket/prefix as INPUT of report and compact) but write to a file system (see docs/spark.md)"
+            f"{what} {text}: not a file system; the jobs read log dirs from S3-compatible object storage "
+            f"(s3://bucket/prefix as INPUT of report and compact), and compact writes its --output there, "
+            f"but this needs a path (see docs/spark.md)"
         )
     return Path(text).absolute()
 

@@ -1,7 +1,8 @@
 """A fleet's log dir copied to S3-compatible object storage (a real server, ``tests/object_store``),
 reported and compacted from there by the Spark jobs: the same rows as the report of the log dir
 on disk, the same bytes as ``kafka-cleaner clean``, and a driver that lists objects but reads
-none of a partition's (``cleaner.spark.object_store``)."""
+none of a partition's (``cleaner.spark.object_store``); and compacted into object storage,
+marked whole by ``_SUCCESS`` only once it is (``cleaner.spark.object_output``)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,13 @@ from spark_helpers import NOW, assert_same_partitions, checkpoint, compacted
 
 from cleaner.errors import KafkaCleanerError
 from cleaner.spark import object_store as objects
+from cleaner.spark.cli import OutputLocation
 from cleaner.spark.compact import compact
+from cleaner.spark.object_output import SUCCESS, read_success
 from cleaner.spark.object_store import ObjectInfo, ObjectLogDir, mirror
 from cleaner.spark.report import report
+from cleaner.spark.staging import InjectedFault
+from cleaner.storage.log_dir import LogDirectory
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark")]
 
@@ -52,13 +57,13 @@ def fleet_in_s3(s3, fleet, object_store) -> str:
 def _driver_downloads(monkeypatch) -> list[str]:
     """The objects this process (the driver: tasks run in Python workers) reads."""
     read: list[str] = []
-    real = objects._download
+    real = objects.download
 
     def recorded(log_dir: ObjectLogDir, o: ObjectInfo, path: Path) -> None:
         read.append(o.name)
         real(log_dir, o, path)
 
-    monkeypatch.setattr(objects, "_download", recorded)
+    monkeypatch.setattr(objects, "download", recorded)
     return read
 
 
@@ -125,7 +130,7 @@ def test_a_mirror_has_the_files_their_times_and_refuses_an_object_changed_since_
     (listed,) = [o for o in log_dir.listing(partition + "/") if o.name.endswith(".log")][:1]
     object_store.client().put_object(Bucket=s3, Key=log_dir.key(listed.name), Body=b"rewritten")
     with pytest.raises(KafkaCleanerError, match=f"{listed.name}: the object changed since it was listed"):
-        objects._download(log_dir, listed, tmp_path / "x.log")
+        objects.download(log_dir, listed, tmp_path / "x.log")
     # And the next listing is another mirror, of what is there now.
     assert mirror(log_dir, partition, base=tmp_path / "mirrors") != local
     assert not any(p.name.startswith(".") for p in (tmp_path / "mirrors").iterdir())  # no half-made mirror
@@ -136,3 +141,55 @@ def test_an_object_storage_input_names_its_bucket_and_prefix():
     for bad in ("s3://bucket", "s3://bucket/", "s3:///prefix"):
         with pytest.raises(KafkaCleanerError, match="s3://<bucket>/<prefix>"):
             ObjectLogDir.parse(bad)
+
+
+def test_compact_into_object_storage_is_byte_identical_and_marked_whole_last(
+    spark, tmp_path, fleet, fleet_cleaned, fleet_policy, fleet_in_s3, s3, object_store
+):
+    out = ObjectLogDir.parse(f"s3://{s3}/cleaned/{uuid.uuid4().hex[:8]}")
+    client, staging = object_store.client(), tmp_path / "staging"
+    tps = compacted(fleet, fleet_policy)
+    # An earlier output there: a segment the new one does not have, and that output's _SUCCESS.
+    stale = f"data/{tps[0].dir_name}/00000000000099999999.log"
+    client.put_object(Bucket=s3, Key=out.key(stale), Body=b"an older output's segment")
+    client.put_object(Bucket=s3, Key=out.key(SUCCESS), Body=b'{"runId": "an older run"}')
+
+    # Killed after every partition was uploaded, before the commit: not marked whole.
+    with pytest.raises(InjectedFault):
+        compact(spark, [fleet_in_s3], fleet_policy, output=out.uri, staging=staging, now_ms=NOW,
+                faults={"fail": "before-commit"})  # fmt: skip
+    assert read_success(out) is None
+    assert not [o for o in out.listing() if o.name == stale]  # each partition's prefix holds its directory
+
+    result = compact(spark, [fleet_in_s3], fleet_policy, output=out.uri, staging=staging, now_ms=NOW)
+    assert result.status == "committed"
+    assert "job" not in result.seconds  # the manifest was there: only the commit ran
+    local = object_store.download_log_dir(f"{out.uri}/data", tmp_path / "fetched" / "data")
+    assert_same_partitions(fleet_cleaned, local, tps)
+    assert checkpoint(local) == checkpoint(fleet_cleaned)
+    assert set(LogDirectory(local).partition_dirs()) == set(tps)  # the ineligible ones copied, as on a disk
+    success = read_success(out)
+    assert success is not None and success["runId"] == result.run_id
+    listed = ObjectLogDir.parse(f"{out.uri}/data").listing()
+    assert success["objects"][f"{out.uri}/data"]["objects"] == [[o.name, o.size, o.etag] for o in listed]
+
+    again = compact(spark, [fleet_in_s3], fleet_policy, output=out.uri, staging=staging, now_ms=NOW)
+    assert again.status == "already-committed" and again.run_id == result.run_id
+
+    # The output changed since (an object removed): not the commit's any more, cleaned again.
+    victim = next(o for o in listed if o.name.startswith(f"{tps[0].dir_name}/") and o.name.endswith(".log"))
+    client.delete_object(Bucket=s3, Key=out.key(f"data/{victim.name}"))
+    third = compact(spark, [fleet_in_s3], fleet_policy, output=out.uri, staging=staging, now_ms=NOW)
+    assert third.status == "committed" and third.run_id == result.run_id
+    fetched = object_store.download_log_dir(f"{out.uri}/data", tmp_path / "fetched-again" / "data")
+    assert_same_partitions(fleet_cleaned, fetched, tps)
+    assert read_success(out)["runId"] == result.run_id
+
+
+def test_an_output_in_object_storage_is_named_clearly(tmp_path, fleet_policy):
+    assert OutputLocation().convert("s3a://bucket/cleaned", None, None) == "s3a://bucket/cleaned"
+    assert OutputLocation().convert(str(tmp_path / "out"), None, None) == tmp_path / "out"
+    with pytest.raises(KafkaCleanerError, match="object storage needs --staging"):
+        compact(None, ["s3://bucket/in/data"], fleet_policy, output="s3://bucket/out")
+    with pytest.raises(KafkaCleanerError, match="must be outside the input log dir s3://bucket/in/data"):
+        compact(None, ["s3://bucket/in/data"], fleet_policy, output="s3://bucket/in", staging=tmp_path)

@@ -33,6 +33,7 @@ import cleaner.spark.submit
 from cleaner.cli import main
 from cleaner.config import parse_policy_text
 from cleaner.spark.cli import FAULTS_ENV
+from cleaner.spark.object_store import CLIENT_ENV
 from cleaner.spark.report import STATUS_COLUMNS
 from cleaner.spark.staging import MANIFEST
 
@@ -99,23 +100,29 @@ def test_report_on_the_cluster_agrees_with_status_and_a_clean(cluster, tmp_path,
             assert row["reclaimableBytes"] == reclaimed > 0
 
 
-def test_compact_on_the_cluster_is_byte_identical(cluster, tmp_path, fleet, fleet_cleaned, object_store):
-    """``compact --output`` of the fleet's log dir copied to a real S3-compatible store
-    (rclone's layout, each file's mtime in its metadata), the credentials passed to the driver
+def test_compact_on_the_cluster_is_byte_identical(cluster, tmp_path, fleet, fleet_cleaned, object_store, monkeypatch):
+    """``compact`` of the fleet's log dir copied to a real S3-compatible store (rclone's layout,
+    each file's mtime in its metadata) into that store, the credentials passed to the driver
     and the executors as a user passes them: each executor mirrors the partitions of its tasks
-    onto its own local directory, and the output is the bytes of ``kafka-cleaner clean``.
-    (``compact`` of a log dir on disk: tests/spark/test_spark_compact.py, the same code.)"""
+    onto its own local directory and uploads what it cleaned, the driver writes ``_SUCCESS``,
+    and the output is the bytes of ``kafka-cleaner clean``. (``compact`` of a log dir on disk
+    into a directory: tests/spark/test_spark_compact.py, the same code.)"""
     bucket = f"standalone-{uuid.uuid4().hex[:8]}"
     object_store.client().create_bucket(Bucket=bucket)
-    uri = f"s3://{bucket}/b1/data"
+    uri, out = f"s3://{bucket}/b1/data", f"s3://{bucket}/cleaned"
     object_store.upload_log_dir(fleet, uri)
-    out = tmp_path / "out"
     policy = policy_file(tmp_path, FLEET_POLICY)
-    submit(cluster, tmp_path, "compact", uri, "--policy", str(policy), "--output", str(out), "--now-ms", str(NOW),
-           s3=object_store.env())  # fmt: skip
+    submit(cluster, tmp_path, "compact", uri, "--policy", str(policy), "--output", out, "--now-ms", str(NOW),
+           "--staging", str(tmp_path / "staging"), s3=object_store.env())  # fmt: skip
+    assert object_store.client().head_object(Bucket=bucket, Key="cleaned/_SUCCESS")["ContentLength"] > 0
+    for name in CLIENT_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in object_store.env().items():
+        monkeypatch.setenv(name, value)
+    fetched = object_store.download_log_dir(f"{out}/data", tmp_path / "fetched" / "data")
     tps = compacted(fleet, parse_policy_text(FLEET_POLICY))
-    assert_same_partitions(fleet_cleaned, out / "data", tps)
-    assert checkpoint(out / "data") == checkpoint(fleet_cleaned)
+    assert_same_partitions(fleet_cleaned, fetched, tps)
+    assert checkpoint(fetched) == checkpoint(fleet_cleaned)
 
 
 def test_compact_large_survives_an_executor_killed_mid_phase(cluster, tmp_path, large, large_cleaned):
