@@ -52,9 +52,8 @@ class Served:
     def live(self) -> dict[bytes, bytes]:
         """Every key's latest value, the deleted keys left out: what two replicas must agree
         on. Whether a deleted key's tombstone is still there is each broker's own cleaner's
-        business (past ``delete.retention.ms`` it removes it, on its own schedule): a loaded
-        fresh-clone run read broker 1 just before its cleaner removed one and broker 2 just
-        after."""
+        business: past ``delete.retention.ms`` (a second in these tests) it removes it on its
+        own schedule, which may fall between the reads of the two brokers."""
         latest = {k: v for _, k, v in self.records}
         return {k: v for k, v in latest.items() if v is not None}
 
@@ -325,7 +324,8 @@ class MarkersAway:
         by_two = {p: serve(two, topic, p, "read_committed") for p in partitions}
         for p in partitions:
             assert by_two[p].end == by_one[p].end, f"partition {p}: read_committed ends elsewhere on broker 2"
-            assert by_two[p].live() == by_one[p].live(), p
+            assert by_two[p].live() == by_one[p].live(), (
+                f"partition {p}: {by_one[p].records} on broker 1, {by_two[p].records} on broker 2")
         assert by_two[ABORTED_SERVED].value_of(b"payment-7") == "absent", "manifestation 2 happened"
         # (the committed deletion's tombstone may still be there: broker 2 was away past its horizon)
         assert by_two[COMMITTED_HIDDEN].value_of(b"account-3") in (None, "absent"), "manifestation 3 happened"

@@ -401,7 +401,7 @@ def test_transaction_markers_compacted_away_while_a_replica_is_away(tmp_path: Pa
             repaired = {p: serve(two, TXN_TOPIC, p, "read_committed") for p in first}
             for p in first:  # per key (a cleaner may have run since: superseded records and old tombstones go)
                 assert repaired[p].end == by_one[p].end, p
-                assert repaired[p].live() == by_one[p].live(), p
+                assert repaired[p].live() == by_one[p].live(), (p, by_one[p].records, repaired[p].records)
             assert repaired[ABORTED_SERVED].value_of(b"payment-7") == "absent"
             assert repaired[COMMITTED_HIDDEN].value_of(b"account-3") == "absent"
             assert repaired[FROZEN].value_of(b"order-6") == b"state:new"
