@@ -71,17 +71,12 @@ class LogDirInput(click.ParamType):
 log_dir_inputs = click.argument("inputs", nargs=-1, required=True, type=LogDirInput())
 
 
-class OutputLocation(click.ParamType):
-    """``compact``'s --output: a directory, or a prefix in S3-compatible object storage
-    (``cleaner.spark.object_output``)."""
+class OutputLocation(LogDirInput):
+    """``compact``'s --output: a directory (made if missing), or a prefix in S3-compatible
+    object storage (``cleaner.spark.object_output``)."""
 
     name = "DIR|s3://BUCKET/PREFIX"
     local = click.Path(file_okay=False, path_type=Path)
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path | str:
-        if is_object_uri(value):
-            return str(value)
-        return self.local.convert(value, param, ctx)
 
 
 def _faults() -> dict[str, Any] | None:
