@@ -53,8 +53,8 @@ import click
 import numpy as np
 
 from cleaner.commands import exit_codes_for_errors
-from cleaner.engine.cleaner import control_types
 from cleaner.engine.offset_map import digest_keys
+from cleaner.engine.transactions import control_types
 from cleaner.errors import KafkaCleanerError
 from cleaner.output import Column, output_option, print_table, resolve_format
 from cleaner.records.columns import decode_records

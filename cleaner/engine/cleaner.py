@@ -48,10 +48,10 @@ from cleaner.errors import (
 from cleaner.records.batch import INT32_MAX, LOG_OVERHEAD, TimestampType
 from cleaner.records.builder import build_batch, build_empty_batch, rebuild_batches
 from cleaner.records.columns import RecordColumns, decode_records
-from cleaner.records.control import ControlRecordType
 from cleaner.records.record import Record
 from cleaner.records.scan import Batches, scan_batches
 from cleaner.storage import page_cache
+from cleaner.storage.index import AbortedTxn
 from cleaner.storage.log import Log, cleaned_segment
 from cleaner.storage.producer_state import ActiveProducer
 from cleaner.storage.segment import LogSegment
@@ -61,7 +61,8 @@ from .grouping import group_segments_by_size
 from .offset_map import OffsetMap, digest_keys
 from .stats import CleanerStats
 from .throttler import Throttler
-from .transactions import CleanedTransactionMetadata
+from .transaction_summary import Summaries, compose
+from .transactions import CleanedTransactionMetadata, control_types, run_transactions
 
 log = logging.getLogger("cleaner.engine.cleaner")
 
@@ -235,11 +236,15 @@ class Cleaner:
         stats.all_done()
         return end_offset, stats
 
-    def dirty_segments(self, ltc: LogToClean) -> list[tuple[LogSegment, int, CleanedTransactionMetadata]]:
+    def dirty_segments(
+        self, ltc: LogToClean, summaries: Summaries | None = None
+    ) -> list[tuple[LogSegment, int, CleanedTransactionMetadata]]:
         """For the map-building phase run in parallel (the Spark job): each dirty segment,
         the base offset of the next one (or the first uncleanable offset), and the
-        transaction state at its start as the sequential map build would have it (from a
-        header-only replay: ``LogSegment.transaction_batches``).
+        transaction state at its start as the sequential map build would have it: replayed
+        from headers only (``LogSegment.transaction_batches``), or composed from the
+        segments' ``summaries`` where given (``transaction_summary``: the Spark driver's
+        tasks read them where the segments are).
 
         The sequential build holds every aborted transaction of the dirty section from the
         start; a batch of a segment consumes only those that begin at or before its last
@@ -260,9 +265,7 @@ class Cleaner:
             state.add_aborted_transactions(aborted[added:reachable])
             added = reachable
             out.append((segment, next_start, copy.deepcopy(state)))
-            position = segment.lookup_position(start)
-            for chunk in segment.transaction_batches(position, self.throttler.maybe_throttle):
-                _run_transactions(chunk, control_types(chunk), state)
+            self._carry(state, [], the_log, segment, segment.lookup_position(start), summaries)
         return out
 
     def segment_keys(
@@ -276,7 +279,7 @@ class Cleaner:
         digests: list[np.ndarray] = []
         offsets: list[np.ndarray] = []
         for chunk in self._chunks(segment, position, ltc.log.config.max_message_bytes):
-            aborted = _run_transactions(chunk, control_types(chunk), transactions)
+            aborted = run_transactions(chunk, control_types(chunk), transactions)
             keys = _keyed_records(chunk, ~(aborted | chunk.is_control), start)
             digests.append(keys.digests)
             offsets.append(keys.offsets)
@@ -284,10 +287,13 @@ class Cleaner:
             return np.zeros((0, 16), dtype=np.uint8), np.zeros(0, dtype=np.int64)
         return np.concatenate(digests), np.concatenate(offsets)
 
-    def transaction_states(self, ltc: LogToClean, groups: list[list[LogSegment]]) -> list[CleanedTransactionMetadata]:
+    def transaction_states(
+        self, ltc: LogToClean, groups: list[list[LogSegment]], summaries: Summaries | None = None
+    ) -> list[CleanedTransactionMetadata]:
         """The transaction state at the start of each group, as the sequential rewrite
-        would have it, from a header-only replay: lets groups be rewritten independently
-        (the Spark job) with exactly the decisions of one sequential round."""
+        would have it, from headers only or ``summaries`` (as ``dirty_segments``): lets groups
+        be rewritten independently (the Spark job) with exactly the decisions of one
+        sequential round."""
         the_log = ltc.log
         state = CleanedTransactionMetadata()
         out = []
@@ -295,10 +301,24 @@ class Cleaner:
             out.append(copy.deepcopy(state))
             for i, segment in enumerate(group):
                 upper = group[i + 1].base_offset if i + 1 < len(group) else segment.read_next_offset()
-                state.add_aborted_transactions(the_log.collect_aborted_transactions(segment.base_offset, upper))
-                for chunk in segment.transaction_batches(0, self.throttler.maybe_throttle):
-                    _run_transactions(chunk, control_types(chunk), state)
+                added = the_log.collect_aborted_transactions(segment.base_offset, upper)
+                self._carry(state, added, the_log, segment, 0, summaries)
         return out
+
+    def _carry(self, state: CleanedTransactionMetadata, added: list[AbortedTxn], the_log: Log,
+               segment: LogSegment, position: int, summaries: Summaries | None) -> None:
+        """``state`` carried over ``segment`` from ``position``, ``added`` the aborted
+        transactions the sequential replay adds before it: by its summary where one was
+        given and fits, else by replaying its headers here."""
+        summary = summaries.get((segment.base_offset, position)) if summaries is not None else None
+        if summary is not None:
+            if compose(state, added, summary):
+                return
+            log.warning("%s: the transaction summary of segment %d does not fit the aborted transactions of "
+                        "the .txnindex files; replaying its headers here", the_log.dir, segment.base_offset)
+        state.add_aborted_transactions(added)
+        for chunk in segment.transaction_batches(position, self.throttler.maybe_throttle):
+            run_transactions(chunk, control_types(chunk), state)
 
     # -- reading with Kafka's buffer rules ---------------------------------------------------
     def _chunks(self, segment: LogSegment, position: int, max_message_bytes: int) -> Iterator[Batches]:
@@ -407,7 +427,7 @@ class Cleaner:
         the batch's last offset; when the map is full it stops at that key. So the latest
         offset ends as the largest of the puts and completed batches before the stop.
         """
-        aborted = _run_transactions(chunk, control_types(chunk), transactions)
+        aborted = run_transactions(chunk, control_types(chunk), transactions)
         skipped = aborted | chunk.is_control
         stats.map_messages_read += int(chunk.records_counts[skipped].sum())
         keys = _keyed_records(chunk, ~skipped, start)
@@ -533,7 +553,7 @@ class Cleaner:
         v2_rows = np.flatnonzero(chunk.is_v2)
         columns = decode_records(chunk.select(v2_rows)) if v2_rows.size else None
         types = control_types(chunk, columns, v2_rows)
-        can_discard = _run_transactions(chunk, types, transactions)
+        can_discard = run_transactions(chunk, types, transactions)
 
         # Batch retention (checkBatchRetention).
         has_horizon = chunk.has_delete_horizon
@@ -766,41 +786,6 @@ def _keyed_records(chunk: Batches, usable: np.ndarray, start: int) -> _Keys:
         order = np.argsort(offsets, kind="stable")
         offsets, digests = offsets[order], digests[order]
     return _Keys(digests, offsets)
-
-
-def control_types(
-    chunk: Batches, columns: RecordColumns | None = None, v2_rows: np.ndarray | None = None
-) -> dict[int, ControlRecordType]:
-    """Type of the first record of every control batch that has records."""
-    wanted = np.flatnonzero(chunk.is_control & (chunk.records_counts > 0))
-    if wanted.size == 0:
-        return {}
-    if columns is None or v2_rows is None:
-        v2_rows = wanted
-        columns = decode_records(chunk.select(wanted))
-    starts = columns.batch_record_starts
-    out = {}
-    for i in wanted.tolist():
-        v2_index = int(np.searchsorted(v2_rows, i))
-        out[i] = ControlRecordType.parse_key(columns.key(int(starts[v2_index])))
-    return out
-
-
-def _run_transactions(
-    chunk: Batches, types: dict[int, ControlRecordType], transactions: CleanedTransactionMetadata
-) -> np.ndarray:
-    """``shouldDiscardBatch`` for every batch, in order. Only transactional and control
-    batches can change or depend on the transaction state; for the others the state
-    machine only consumes aborted transactions up to their offset, which the next
-    relevant batch does anyway, so they are skipped."""
-    out = np.zeros(len(chunk), dtype=bool)
-    for i in np.flatnonzero(chunk.is_transactional | chunk.is_control).tolist():
-        header = chunk.header(i)
-        if header.is_control:
-            out[i] = transactions.on_control_batch_read(header, types.get(i))
-        else:
-            out[i] = transactions.on_batch_read(header)
-    return out
 
 
 def _is_last_of_active_producer(chunk: Batches, active: dict[int, ActiveProducer]) -> np.ndarray:

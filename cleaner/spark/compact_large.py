@@ -33,6 +33,7 @@ from typing import Any
 
 from cleaner.clock import SYSTEM_TIME, FixedTime, Time
 from cleaner.config import Policy
+from cleaner.engine.transaction_summary import Summaries
 from cleaner.errors import KafkaCleanerError
 from cleaner.storage import files
 from cleaner.storage.lock import LogDirLock
@@ -47,10 +48,11 @@ from .commit import (
     update_cleaner_checkpoint,
     write_output_root,
 )
-from .phases import KeyScope, RoundsOutcome, balance, group_done_dir, run_rounds
+from .phases import KeyScope, RoundsOutcome, balance, group_done_dir, run_rounds, transaction_summaries
 from .plan import (
     PartitionRef,
     RoundPlan,
+    SegmentRef,
     StalePlanError,
     dir_fingerprint,
     local_path,
@@ -291,7 +293,16 @@ def _run(
                 return result
         run.create()
         run.write_json("plan.json", {"now": now, "identity": identity})
-        plan = plan_round(0, ref, manager, managed, policy, now, clock) if eligible else None
+        plan = None
+        if eligible:
+            the_log = managed.log
+            listed = [SegmentRef(s.base_offset, s.size, s.last_modified_ms) for s in the_log.segments]
+
+            def summaries_from(wanted: list[tuple[int, int]]) -> Summaries:
+                return transaction_summaries(spark, ref, managed.rule, the_log.log_start_offset, listed, wanted,
+                                             policy.cleaner.max_io_bytes_per_second)
+
+            plan = plan_round(0, ref, manager, managed, policy, now, clock, summaries_from=summaries_from)
         result.seconds["plan"] = _time.perf_counter() - t_plan
         manifest = _execute(spark, run, ref, managed, plan, out, faults, result)
     else:

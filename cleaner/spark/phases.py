@@ -47,13 +47,14 @@ from typing import Any
 
 import numpy as np
 
-from cleaner.clock import FixedTime
+from cleaner.clock import SYSTEM_TIME, FixedTime
 from cleaner.config import TopicRule
 from cleaner.engine.cleaner import Cleaner, LogToClean, Round
 from cleaner.engine.manager import log_config_for
 from cleaner.engine.offset_map import OffsetMap
 from cleaner.engine.stats import CleanerStats
 from cleaner.engine.throttler import Throttler
+from cleaner.engine.transaction_summary import SegmentTransactions, Summaries, summarize
 from cleaner.engine.transactions import CleanedTransactionMetadata
 from cleaner.errors import KafkaCleanerError
 from cleaner.storage.log import Log
@@ -66,6 +67,7 @@ from .plan import (
     PartitionRef,
     RoundPlan,
     SegmentRef,
+    StalePlanError,
     log_to_clean_of,
     open_planned_log,
     segments_by_base,
@@ -215,6 +217,47 @@ def balance(items: Sequence[tuple[Any, int]], slices: int) -> list[list[Any]]:
         loads[target] += max(items[pos][1], 1)
         members[target].append(pos)
     return [[items[p][0] for p in sorted(m)] for m in members if m]
+
+
+# -- before phase 1: the transaction states, from the segments' headers ---------------------
+
+
+def transaction_summaries(
+    spark: Any,
+    ref: PartitionRef,
+    rule: TopicRule,
+    log_start_offset: int,
+    segments: Sequence[SegmentRef],
+    wanted: Sequence[tuple[int, int]],
+    io_rate: float | None,
+) -> Summaries:
+    """The transaction summaries ``wanted`` (``transaction_summary.summaries_needed``: (base
+    offset, position)), read by tasks where the segments are, a few bytes a transactional
+    batch: the driver composes the round's transaction states from them and reads no batch
+    itself. Tasks are sized by the bytes of their segments (``spark.kafkaCleaner.taskBytes``);
+    a segment that is not the one the driver listed fails the job (``StalePlanError``)."""
+    sc = spark.sparkContext
+    listed = {s.base: s for s in segments}
+    weighted = [(key, listed[key[0]].size) for key in wanted]
+    slices = balance(weighted, sized(sc, sum(w for _, w in weighted), TASK_BYTES_CONF, TASK_BYTES_DEFAULT, 1))
+    rate = task_io_rate(sc, io_rate)
+
+    def summarize_slice(keys: list[tuple[int, int]]) -> Iterator[tuple[tuple[int, int], SegmentTransactions]]:
+        log = Log.open(ref.localized().path, log_config_for(rule), log_start_offset=log_start_offset, read_only=True)
+        found = {s.base_offset: s for s in log.segments}
+        throttle = Throttler(rate, SYSTEM_TIME).maybe_throttle
+        for base, position in keys:
+            segment = found.get(base)
+            seen = None if segment is None else SegmentRef(base, segment.size, segment.last_modified_ms)
+            if segment is None or seen != listed[base]:
+                raise StalePlanError(
+                    f"{ref.path}: segment {base} changed since it was listed ({listed[base]} -> {seen})"
+                )
+            yield (base, position), summarize(log, segment, position, throttle)
+
+    if not slices:
+        return {}
+    return dict(sc.parallelize(slices, len(slices)).flatMap(summarize_slice).collect())
 
 
 # -- phase 1: map side -----------------------------------------------------------------------

@@ -4,8 +4,9 @@ reads a record (KAFKA_NOTES §6, §9.1).
 
 A ``RoundPlan`` is computed with the engine's own functions (the manager's
 ``log_to_clean``, ``legacy_delete_horizon``, ``plan_groups``, the cleaner's
-``dirty_segments`` and ``transaction_states``) and travels to the executors, which open the
-same partition read-only and check that its segments are still the planned ones.
+``dirty_segments`` and ``transaction_states``, composed from the segments' transaction
+summaries, which the compact-large driver has its tasks read) and travels to the executors,
+which open the same partition read-only and check that its segments are still the planned ones.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import inspect
 import json
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cleaner.clock import Time
 from cleaner.config import CleanerConfig, Policy, TopicRule
@@ -26,6 +28,7 @@ from cleaner.engine.log_cleaner import LogCleaner
 from cleaner.engine.manager import LogCleanerManager, ManagedLog, log_config_for
 from cleaner.engine.offset_map import OffsetMap
 from cleaner.engine.throttler import Throttler
+from cleaner.engine.transaction_summary import Summaries, summaries_needed
 from cleaner.engine.transactions import CleanedTransactionMetadata
 from cleaner.errors import KafkaCleanerError
 from cleaner.storage.checkpoint import OFFSET_CHECKPOINT_FILES
@@ -253,6 +256,13 @@ class RoundPlan:
     group_states: list[bytes] = field(default_factory=list)
     map_stop_offset: int | None = None
     """The offset of the first key the single-node map would refuse (map full), if any."""
+    transactions: Summaries | None = field(default=None, repr=False, compare=False)
+    """The transaction summaries of the segments (``transaction_summary``) where the driver
+    was given them: the states above are composed from them, again when the round is cut. On
+    the driver only: a plan travels to the executors without them."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "transactions": None}
 
     @property
     def tp(self) -> TopicPartition:
@@ -300,8 +310,12 @@ def plan_round(
     time: Time,
     *,
     max_keys: int | None = None,
+    summaries_from: Callable[[list[tuple[int, int]]], Summaries] | None = None,
 ) -> RoundPlan | None:
-    """The next round of the partition, or None when there is nothing to clean."""
+    """The next round of the partition, or None when there is nothing to clean.
+    ``summaries_from``: where the transaction summaries come from (the Spark driver: a job
+    whose tasks read the segments), given the (base offset, position) of each; without it,
+    the headers are read here."""
     checkpoint = manager.all_cleaner_checkpoints().get(ref.tp)
     ltc, _, _ = manager.log_to_clean(managed, checkpoint, now)
     if ltc.first_dirty_offset >= ltc.first_uncleanable_offset:
@@ -309,7 +323,10 @@ def plan_round(
     the_log = managed.log
     config = policy.cleaner
     cleaner = planning_cleaner(config, time)
-    dirty = cleaner.dirty_segments(ltc)
+    summaries = None
+    if summaries_from is not None:
+        summaries = summaries_from(summaries_needed(the_log, ltc.first_dirty_offset, ltc.first_uncleanable_offset))
+    dirty = cleaner.dirty_segments(ltc, summaries)
     index_of = {s.base_offset: i for i, s in enumerate(the_log.segments)}
     plan = RoundPlan(
         index=index,
@@ -335,6 +352,7 @@ def plan_round(
             the_log.collect_aborted_transactions(ltc.first_dirty_offset, ltc.first_uncleanable_offset)
         ),
         end_offset=ltc.first_uncleanable_offset,
+        transactions=summaries,
     )
     set_end_offset(plan, ltc, cleaner, ltc.first_uncleanable_offset)
     return plan
@@ -342,12 +360,12 @@ def plan_round(
 
 def set_end_offset(plan: RoundPlan, ltc: LogToClean, cleaner: Cleaner, end_offset: int) -> None:
     """The round ends at ``end_offset``: Kafka's groups of the segments below it (§9.3) and
-    the transaction state at the start of each, from the engine's header-only replay."""
+    the transaction state at the start of each, composed from the segments' summaries."""
     plan.end_offset = end_offset
     groups = plan_groups(ltc, end_offset)
     index_of = {s.base: i for i, s in enumerate(plan.segments)}
     plan.groups = [[index_of[s.base_offset] for s in group] for group in groups]
-    plan.group_states = [pickle.dumps(s) for s in cleaner.transaction_states(ltc, groups)]
+    plan.group_states = [pickle.dumps(s) for s in cleaner.transaction_states(ltc, groups, plan.transactions)]
 
 
 # -- the executors' side ---------------------------------------------------------------------
