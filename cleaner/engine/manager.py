@@ -28,7 +28,7 @@ from cleaner.effective_config import EffectiveRule, effective_rule
 from cleaner.errors import FileChangedError, KafkaCleanerError, LogCleaningAbortedError, failure_reason
 from cleaner.storage.cluster_metadata import ClusterMetadata, ClusterMetadataReader, find_metadata_dir
 from cleaner.storage.log import Log, LogConfig, replay_batches
-from cleaner.storage.log_dir import LogDirectory
+from cleaner.storage.log_dir import LogDirectory, checkpoints_read_once
 from cleaner.storage.metadata import read_meta_properties
 from cleaner.storage.producer_state import ActiveProducer, ProducerStateManager
 from cleaner.storage.topic_partition import TopicPartition
@@ -614,9 +614,10 @@ class LogCleanerManager:
             return chosen
 
     def report(self, now: int) -> list[PartitionReport]:
-        """Every partition's cleaning picture, without changing anything."""
+        """Every partition's cleaning picture, without changing anything (the broker's
+        checkpoint files read once: ``checkpoints_read_once``)."""
         out = []
-        with self._lock:
+        with self._lock, checkpoints_read_once():
             checkpoints = self.all_cleaner_checkpoints()
             for tp, managed in self.logs().items():
                 try:

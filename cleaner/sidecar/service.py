@@ -62,7 +62,7 @@ from cleaner.engine.throttler import Throttler
 from cleaner.errors import FileChangedError, KafkaCleanerError, LogDirLockedError, ThreadShutdownError
 from cleaner.in_sync import InSync, in_sync
 from cleaner.storage.lock import LogDirLock
-from cleaner.storage.log_dir import LogDirectory
+from cleaner.storage.log_dir import LogDirectory, checkpoints_read_once
 from cleaner.storage.topic_partition import TopicPartition
 from cleaner.windows import in_window
 
@@ -357,7 +357,12 @@ class Sidecar:
         self.state.state = self._controller.idle_state
 
     def scan(self) -> ScanSnapshot | None:
-        """A read-only look at every log dir; what ``/status`` and ``/metrics`` report."""
+        """A read-only look at every log dir; what ``/status`` and ``/metrics`` report. The
+        broker's checkpoint files are read once a scan (``checkpoints_read_once``)."""
+        with checkpoints_read_once():
+            return self._scan()
+
+    def _scan(self) -> ScanSnapshot | None:
         policy = self.policy
         if policy is None:
             return None
