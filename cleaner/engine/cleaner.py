@@ -310,12 +310,14 @@ class Cleaner:
         """``state`` carried over ``segment`` from ``position``, ``added`` the aborted
         transactions the sequential replay adds before it: by its summary where one was
         given and fits, else by replaying its headers here."""
-        summary = summaries.get((segment.base_offset, position)) if summaries is not None else None
-        if summary is not None:
-            if compose(state, added, summary):
+        if summaries is not None:
+            summary = summaries.get((segment.base_offset, position))
+            if summary is not None and compose(state, added, summary):
                 return
-            log.warning("%s: the transaction summary of segment %d does not fit the aborted transactions of "
-                        "the .txnindex files; replaying its headers here", the_log.dir, segment.base_offset)
+            why = ("no summary was made of it" if summary is None
+                   else "its summary does not fit the aborted transactions of the .txnindex files")
+            log.warning("%s: segment %d from position %d: %s; replaying its headers here",
+                        the_log.dir, segment.base_offset, position, why)
         state.add_aborted_transactions(added)
         for chunk in segment.transaction_batches(position, self.throttler.maybe_throttle):
             run_transactions(chunk, control_types(chunk), state)
