@@ -622,7 +622,17 @@ class LogSegment:
         """maxTimestamp of the first batch (``getFirstBatchTimestamp``), Long.MAX if empty
         (remembered once known: the first batch of a segment never changes)."""
         if self._first_batch_timestamp is None:
-            first = self.first_batch()
+            # A v2 batch's max timestamp is in its header, which is all Kafka loads for it
+            # (``FileChannelRecordBatch.maxTimestamp``); the whole first batch (up to 1 MB) was
+            # read for it, on every dirty segment a plan or a scan looks at.
+            head = self.read(0, min(self.size, RECORD_BATCH_OVERHEAD)) if self.size else b""
+            if len(head) == RECORD_BATCH_OVERHEAD and head[MAGIC_OFFSET] >= 2:
+                length = _ENTRY.unpack_from(head)[1]
+                if RECORD_BATCH_OVERHEAD <= LOG_OVERHEAD + length <= self.size:
+                    first = batches_at(head, np.zeros(1, dtype=np.int64), path=str(self.log_path))
+                    self._first_batch_timestamp = int(first.max_timestamps[0])
+                    return self._first_batch_timestamp
+            first = self.first_batch()  # a legacy entry, or one the reader must judge (truncated, corrupt)
             if first is None or len(first) == 0:
                 return 2**63 - 1
             self._first_batch_timestamp = int(first.max_timestamps[0])
