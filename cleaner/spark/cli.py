@@ -71,6 +71,13 @@ class LogDirInput(click.ParamType):
 log_dir_inputs = click.argument("inputs", nargs=-1, required=True, type=LogDirInput())
 
 
+class PartitionInput(LogDirInput):
+    """``compact-large``'s PARTITION: a partition directory, or one of a log dir in object
+    storage (``s3://bucket/prefix/<topic>-<partition>``)."""
+
+    name = "PARTITION_DIR"
+
+
 class OutputLocation(LogDirInput):
     """``compact``'s --output: a directory (made if missing), or a prefix in S3-compatible
     object storage (``cleaner.spark.object_output``)."""
@@ -226,7 +233,7 @@ def compact_command(
 
 
 @spark_group.command("compact-large")
-@click.argument("partition_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("partition_dir", type=PartitionInput())
 @policy_option
 @output_dir_option
 @now_option
@@ -236,7 +243,7 @@ def compact_command(
               help="Stop after this many rounds (default: while the partition is eligible, as clean does).")
 @json_option
 def compact_large_command(
-    partition_dir: Path,
+    partition_dir: Path | str,
     policy_path: Path,
     output: Path | None,
     now_ms: int | None,
@@ -250,7 +257,9 @@ def compact_large_command(
     eligible: a round ends early where the offset map fills up, and the next one goes on
     from there. With --output the cleaned partition is written to OUTPUT/<partition> (OUTPUT
     is a log dir) and the later rounds run there; without it the partition is cleaned in
-    place."""
+    place. PARTITION_DIR may be in S3-compatible object storage
+    (s3://bucket/prefix/<topic>-<partition>), cleaned with --output: the driver downloads
+    each segment's head and tail only."""
     from .compact_large import compact_large
 
     outcome = _run_job(compact_large, partition_dir, policy_path, output, now_ms, staging, master,

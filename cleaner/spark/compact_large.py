@@ -26,7 +26,8 @@ from __future__ import annotations
 import logging
 import shutil
 import time as _time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,11 @@ from typing import Any
 from cleaner.clock import SYSTEM_TIME, FixedTime, Time
 from cleaner.config import Policy
 from cleaner.engine.transaction_summary import Summaries
-from cleaner.errors import KafkaCleanerError
+from cleaner.errors import CorruptDataError, KafkaCleanerError
 from cleaner.storage import files
 from cleaner.storage.lock import LogDirLock
 from cleaner.storage.log import Log
+from cleaner.storage.segment import LOG_SUFFIX
 from cleaner.storage.staged import assemble, staged_segments, swap_in
 
 from .commit import (
@@ -48,17 +50,19 @@ from .commit import (
     update_cleaner_checkpoint,
     write_output_root,
 )
+from .object_store import ObjectInfo, ObjectLogDir, download, in_hole, mirror
 from .phases import KeyScope, RoundsOutcome, balance, group_done_dir, run_rounds, transaction_summaries
 from .plan import (
     PartitionRef,
     RoundPlan,
     SegmentRef,
     StalePlanError,
-    dir_fingerprint,
     local_path,
     log_config_for,
     open_managed,
+    partition_fingerprint,
     partition_of_dir,
+    partition_of_input,
     plan_round,
     policy_identity,
     root_fingerprint,
@@ -165,7 +169,7 @@ def default_staging(output: Path | None, log_dir: Path) -> Path:
 
 def compact_large(
     spark: Any,
-    partition_dir: str | Path,
+    partition: str | Path,
     policy: Policy,
     *,
     output: str | Path | None = None,
@@ -175,19 +179,27 @@ def compact_large(
     time: Time = SYSTEM_TIME,
     max_rounds: int | None = None,
 ) -> CompactLargeOutcome:
-    """Rounds of the partition in ``partition_dir`` while it is eligible (at most
-    ``max_rounds``), the first committed in place - holding its log dir's ``.lock`` - or into
-    the log dir ``output``, the others in place where the first committed. Idempotent: the
-    same plan commits once (see ``cleaner.spark.staging``); a rerun after a crash finishes
-    the round it was in and goes on."""
+    """Rounds of ``partition`` (a partition directory, or ``s3://bucket/prefix/<topic>-<n>``
+    with ``output``) while it is eligible (at most ``max_rounds``), the first committed in
+    place - holding its log dir's ``.lock`` - or into the log dir ``output``, the others in
+    place where the first committed. Idempotent: the same plan commits once (see
+    ``cleaner.spark.staging``); a rerun after a crash finishes the round it was in and goes on.
+
+    From object storage the driver plans on a hollow mirror (``object_store``: each
+    segment's head and tail), the tasks read their partition's mirror on their host, and the
+    output's kept segments are downloaded by the executors into it."""
     if max_rounds is not None and max_rounds < 1:
         raise KafkaCleanerError(f"max_rounds must be at least 1, not {max_rounds}")
-    ref = partition_of_dir(local_path(partition_dir, "partition dir"))
+    ref = partition_of_input(partition)
     out = local_path(output, "--output") if output is not None else None
-    if out is not None and (out == Path(ref.root) or Path(ref.root) in out.parents or ref.path in out.parents):
+    if ref.in_object_storage:
+        if out is None:
+            raise KafkaCleanerError(f"{_where(ref)}: object storage is never cleaned in place (no rename, no "
+                                    f"lock): give --output, a log dir on a file system")
+    elif out is not None and (out == Path(ref.root) or Path(ref.root) in out.parents or ref.path in out.parents):
         raise KafkaCleanerError(f"--output {out} must not be the input log dir or inside it")
     staging_root = Path(staging).absolute() if staging is not None else default_staging(out, Path(ref.root))
-    size_before = _log_bytes(ref.path)
+    size_before = _log_bytes(ref)
     first = _round(spark, ref, policy, out, now_ms, staging_root, faults, time)
     rounds = [first]
     # The next rounds work in place where the first committed: the output's copy under --output.
@@ -212,12 +224,20 @@ def compact_large(
         # output clean (already-committed), not restored (planned and published again).
         RunDir(staging_root, first.run_id).mark_committed(
             {"endOffset": rounds[-1].end_offset, "identity": commit_identity([out], [here.path])})
-    size_after = _log_bytes(here.path) if here.path.is_dir() else size_before
+    size_after = _log_bytes(here) if here.path.is_dir() else size_before
     return CompactLargeOutcome(rounds, size_before, size_after)
 
 
-def _log_bytes(partition: Path) -> int:
-    return sum(p.stat().st_size for p in partition.glob("*.log"))
+def _log_bytes(ref: PartitionRef) -> int:
+    if ref.in_object_storage:
+        objects = ObjectLogDir.parse(ref.root).listing(ref.tp.dir_name + "/")
+        return sum(o.size for o in objects if o.name.endswith(LOG_SUFFIX))
+    return sum(p.stat().st_size for p in ref.path.glob("*" + LOG_SUFFIX))
+
+
+def _where(ref: PartitionRef) -> str:
+    """The partition as its user named it (``Path`` would fold ``s3://`` to ``s3:/``)."""
+    return f"{ref.root}/{ref.tp.dir_name}" if ref.in_object_storage else str(ref.path)
 
 
 def _round(
@@ -258,19 +278,19 @@ def _run(
     started: float,
 ) -> CompactLargeResult:
     t_plan = _time.perf_counter()
-    manager, managed = open_managed(ref, policy, time, read_only=out is not None)
+    manager, managed = open_managed(ref, policy, time, read_only=out is not None, hollow=ref.in_object_storage)
     identity = {
         "partition": [ref.root, ref.topic, ref.partition],
         "output": str(out) if out is not None else None,
-        "files": dir_fingerprint(ref.path),
+        "files": partition_fingerprint(ref),
         "root": root_fingerprint(ref.root),
         "policy": policy_identity(policy),
         "nowMs": now_ms,
     }
     run = RunDir(staging_root, run_id("compact-large", identity))
-    result = CompactLargeResult(run.id, "committed", str(ref.path))
+    result = CompactLargeResult(run.id, "committed", _where(ref))
     if run.committed and not holds_commit((run.read_json(COMMITTED) or {}).get("identity")):
-        log.warning("%s: run %s no longer holds what it committed (restored?): planning it again", ref.path, run.id)
+        log.warning("%s: run %s no longer holds what it committed (restored?): planning it again", _where(ref), run.id)
         shutil.rmtree(run.path)
     if run.committed:
         result.status = "already-committed"
@@ -286,7 +306,7 @@ def _run(
         clock = FixedTime(now)
         manager.time = clock
         # As kafka-cleaner clean: only an eligible partition is cleaned (KAFKA_NOTES §6.1).
-        eligible = manager.report(now)[0].eligible
+        eligible = _eligible(manager, managed, ref, now)
         if not eligible:
             result.status = "not-eligible"
             if out is None and not saved:  # nothing to do in place, and no run to leave behind
@@ -302,11 +322,12 @@ def _run(
                 return transaction_summaries(spark, ref, managed.rule, the_log.log_start_offset, listed, wanted,
                                              policy.cleaner.max_io_bytes_per_second)
 
-            plan = plan_round(0, ref, manager, managed, policy, now, clock, summaries_from=summaries_from)
+            with _hollow_reads(ref):
+                plan = plan_round(0, ref, manager, managed, policy, now, clock, summaries_from=summaries_from)
         result.seconds["plan"] = _time.perf_counter() - t_plan
         manifest = _execute(spark, run, ref, managed, plan, out, faults, result)
     else:
-        log.info("%s: the job of run %s succeeded earlier; committing it", ref.path, run.id)
+        log.info("%s: the job of run %s succeeded earlier; committing it", _where(ref), run.id)
     result.first_dirty_offset = manifest.get("firstDirtyOffset")
     result.end_offset = manifest.get("endOffset")
     result.groups = manifest["groups"]
@@ -318,6 +339,33 @@ def _run(
     result.seconds["commit"] = _time.perf_counter() - t_commit
     result.seconds["total"] = _time.perf_counter() - started
     return result
+
+
+def _eligible(manager: Any, managed: Any, ref: PartitionRef, now: int) -> bool:
+    """The manager's verdict. A partition it cannot look at is an error here, not "not
+    eligible": compact-large has no other partition to go on with, and a person must hear why."""
+    row = manager.report(now)[0]
+    if row.reason != "uncleanable":
+        return bool(row.eligible)
+    with _hollow_reads(ref):  # the failure again, raised: a read past a hollow mirror says so
+        manager.log_to_clean(managed, manager.all_cleaner_checkpoints().get(ref.tp), now)
+        manager.last_stable_offset(managed, now)
+    raise KafkaCleanerError(f"{_where(ref)}: uncleanable: {row.uncleanable_reason}")
+
+
+@contextmanager
+def _hollow_reads(ref: PartitionRef) -> Iterator[None]:
+    """A read of the driver's hollow mirror past what it downloaded, named as that (a hole
+    reads as zeros, which the readers refuse as a corrupt entry), not as a corrupt segment."""
+    try:
+        yield
+    except CorruptDataError as e:
+        if not (ref.in_object_storage and e.path is not None and e.position is not None
+                and in_hole(e.path, e.position)):
+            raise
+        raise KafkaCleanerError(
+            f"{_where(ref)}: planning read {Path(e.path).name} at position {e.position}, which the driver does "
+            f"not download (it reads each segment's head and tail only; see docs/spark.md): {e}") from e
 
 
 def _execute(
@@ -340,10 +388,10 @@ def _execute(
         result.seconds.update(outcome.seconds)
         produced = outcome.groups.get(0, [])
         if len(produced) != len(plan.groups):
-            raise KafkaCleanerError(f"{ref.path}: {len(produced)} of {len(plan.groups)} groups were rewritten")
+            raise KafkaCleanerError(f"{_where(ref)}: {len(produced)} of {len(plan.groups)} groups were rewritten")
         for g, r in enumerate(produced):
             if not (group_done_dir(run, plan, g) / "result.json").exists():
-                raise KafkaCleanerError(f"{ref.path}: group {g} is not staged")
+                raise KafkaCleanerError(f"{_where(ref)}: group {g} is not staged")
             groups.append({**r, "staged": str(group_done_dir(run, plan, g).relative_to(run.path))})
     maybe_fail(faults, "before-manifest")
     manifest = {
@@ -387,7 +435,8 @@ def commit(run: RunDir, manifest: Mapping[str, Any], policy: Policy, spark: Any 
         if not (run.path / "PUBLISHED").exists():
             if not ((run.path / "BUILT").exists() and not work.exists()):
                 shutil.rmtree(work, ignore_errors=True)
-                source = Log.open(ref.path, log_config_for(rule), log_start_offset=manifest["logStartOffset"],
+                source_dir = ref.localized(hollow=True).path
+                source = Log.open(source_dir, log_config_for(rule), log_start_offset=manifest["logStartOffset"],
                                   read_only=True)
                 try:
                     _check_unchanged(source, manifest)
@@ -395,20 +444,57 @@ def commit(run: RunDir, manifest: Mapping[str, Any], policy: Policy, spark: Any 
                 finally:
                     source.close()
                 if interrupted:  # a swap left half done in the input: a broker's start-up finishes it first
-                    copy_tree(ref.path, work)
+                    copy_tree(ref.localized().path, work)
                     if staged:
                         the_log = open_for_commit(work, rule, manifest["logStartOffset"])
                         swap_in(the_log, staged, replaced)
                 else:  # the unchanged segments only: the replaced ones are never copied
-                    assemble(ref.path, work, staged, replaced,
-                             copy_all=(lambda pairs: copy_on_executors(spark, pairs)) if spark is not None else None)
+                    assemble(source_dir, work, staged, replaced, copy_all=_copier(spark, ref))
                 run.write_json("BUILT", {})
                 publish_dir(work, out / ref.tp.dir_name, run.path / "trash")
             run.write_json("PUBLISHED", {})
-        write_output_root(out, ref.root, updates)
+        root_files = mirror(ObjectLogDir.parse(ref.root)) if ref.in_object_storage else ref.root
+        write_output_root(out, root_files, updates)
     root, final = (ref.root, ref.path) if manifest["output"] is None else (out, out / ref.tp.dir_name)
     run.mark_committed({"endOffset": manifest["endOffset"], "identity": commit_identity([root], [final])})
     run.clean_up()
+
+
+def _copier(spark: Any, ref: PartitionRef) -> Callable[[list[tuple[Path, Path]]], None] | None:
+    """How ``assemble`` copies the kept files: by the executors when there are any; from
+    object storage, the ``.log`` files (hollow in the driver's mirror) downloaded whole."""
+    if not ref.in_object_storage:
+        return (lambda pairs: copy_on_executors(spark, pairs)) if spark is not None else None
+    log_dir = ObjectLogDir.parse(ref.root)
+
+    def copy_all(pairs: list[tuple[Path, Path]]) -> None:
+        objects = {o.name.rpartition("/")[2]: o for o in log_dir.listing(ref.tp.dir_name + "/")}
+        gone = [src.name for src, _ in pairs if src.name.endswith(LOG_SUFFIX) and src.name not in objects]
+        if gone:
+            raise StalePlanError(f"{_where(ref)}: {', '.join(gone[:3])} disappeared since the plan")
+        logs = [(objects[src.name], dst) for src, dst in pairs if src.name.endswith(LOG_SUFFIX)]
+        for src, dst in pairs:
+            if not src.name.endswith(LOG_SUFFIX):
+                files.copy_file(src, dst)
+        download_on_executors(spark, log_dir, logs)
+
+    return copy_all
+
+
+def download_on_executors(spark: Any, log_dir: ObjectLogDir, todo: list[tuple[ObjectInfo, Path]]) -> None:
+    """Each object downloaded to its path (fsynced), by the executors as ``copy_on_executors``
+    copies, or here without ``spark``."""
+    def fetch(part: list[tuple[ObjectInfo, str]]) -> None:
+        for o, dst in part:
+            download(log_dir, o, Path(dst))
+            files.fsync_file(Path(dst))
+
+    if spark is None:
+        fetch([(o, str(dst)) for o, dst in todo])
+    elif todo:
+        sc = spark.sparkContext
+        slices = balance([((o, str(dst)), o.size) for o, dst in todo], sc.defaultParallelism * 2)
+        sc.parallelize(slices, len(slices)).foreach(fetch)
 
 
 def copy_on_executors(spark: Any, pairs: list[tuple[Path, Path]]) -> None:

@@ -10,6 +10,18 @@ local disk and runs the engine there, unchanged: the engine needs files it can `
 ``seek`` and open by name, which an object is not. (The driver mirrors a partition only in a
 ``report`` whose offset map would fill up: the map's cut is found with the engine there.)
 
+``compact-large``'s driver plans a partition it must not download (issue 28: it reads
+metadata only). Its mirror is *hollow*: every file but the ``.log`` files whole (indexes,
+snapshots, checkpoints: small), and each ``.log`` a sparse file of the object's size holding
+only what planning reads of it - its first entry (its header gives the max compaction lag),
+its tail from its last offset index entry (``readNextOffset``), and what the producer state
+is replayed over after its newest snapshot. Ranged GETs, checked against the listing as a
+download is. Each piece is whole entries, from an entry's start (an index entry's position)
+to the next's or the end, so every hole begins where an entry would: a reader walking the
+entries into it reads zeros, an entry of length 0, which every reader of batches refuses
+(``CorruptRecordError``), never a silent answer; :func:`in_hole` tells the driver that
+such an error was its own mirror's.
+
 A mirror is keyed by the listing it was made from, so two tasks on one host share it, an
 object that changed since (another ETag or size) makes another mirror, and a download is
 checked against the listing (the GET's ETag and length): a partition rewritten between the
@@ -33,6 +45,7 @@ import atexit
 import decimal
 import functools
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -44,7 +57,10 @@ from pathlib import Path
 from typing import Any
 
 from cleaner.errors import KafkaCleanerError
+from cleaner.records.batch import LOG_OVERHEAD
 from cleaner.storage.lock import LOCK_FILE
+from cleaner.storage.producer_state import list_snapshots
+from cleaner.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, offset_from_file_name
 from cleaner.storage.topic_partition import parse_partition_dir
 
 SCHEMES = ("s3://", "s3a://")
@@ -171,11 +187,13 @@ def _private_base() -> Path:
     return path
 
 
-def mirror(log_dir: ObjectLogDir, partition: str | None = None, *, base: Path | None = None) -> Path:
+def mirror(log_dir: ObjectLogDir, partition: str | None = None, *, base: Path | None = None,
+           hollow: bool = False) -> Path:
     """A local log dir holding ``log_dir``'s root files and, with ``partition``, that
     partition's files (without: an empty directory for each partition, so that the log dir's
     layout reads as it is); made once per listing and shared by the tasks of a host
-    (``base``: elsewhere than :func:`mirror_base`)."""
+    (``base``: elsewhere than :func:`mirror_base`). ``hollow``: the partition's ``.log``
+    files hold only what planning reads (see the module's docstring)."""
     root = [o for o in log_dir.listing(top_level=True) if o.name != LOCK_FILE]
     if partition is not None:
         objects = root + [o for o in log_dir.listing(partition + "/") if "/" not in o.name[len(partition) + 1:]]
@@ -184,15 +202,19 @@ def mirror(log_dir: ObjectLogDir, partition: str | None = None, *, base: Path | 
         dirs = [partition]
     else:
         objects, dirs = root, sorted(log_dir.layout()[1])
-    identity = json.dumps([log_dir.uri, [(o.name, o.size, o.etag) for o in objects], dirs])
+    identity = json.dumps([log_dir.uri, [(o.name, o.size, o.etag) for o in objects], dirs, hollow])
     final = (base or mirror_base()) / hashlib.sha256(identity.encode()).hexdigest()[:24]
     if final.is_dir():
         return final
     work = final.parent / f".{final.name}.{uuid.uuid4().hex[:8]}"
     work.mkdir(parents=True)
     try:
+        logs = [o for o in objects if hollow and "/" in o.name and o.name.endswith(LOG_SUFFIX)]
         for o in objects:
-            download(log_dir, o, work / o.name)
+            if o not in logs:
+                download(log_dir, o, work / o.name)
+        if logs:
+            _windows_file(final).write_text(json.dumps(_hollow_logs(log_dir, work, logs)))
         for name in dirs:
             (work / name).mkdir(exist_ok=True)
         try:
@@ -208,21 +230,96 @@ def mirror(log_dir: ObjectLogDir, partition: str | None = None, *, base: Path | 
 def download(log_dir: ObjectLogDir, o: ObjectInfo, path: Path) -> None:
     """One object to ``path``, checked against the listing; its mtime from the metadata."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    key = log_dir.key(o.name)
+    with open(path, "wb") as f:
+        got = _get(log_dir, o, f, 0, o.size)
+    size = path.stat().st_size
+    if size != o.size:
+        raise KafkaCleanerError(f"{log_dir.uri}/{o.name}: the object changed since it was listed ({o.size} bytes "
+                                f"listed, {size} bytes read): plan the job again")
+    _set_mtime(path, got)
+
+
+def _get(log_dir: ObjectLogDir, o: ObjectInfo, f: Any, start: int, end: int) -> Mapping[str, Any]:
+    """Bytes [start, end) of the object written at the same position of ``f``; the answer's
+    ETag must be the listing's (the object is still the one planned)."""
+    args = {"Range": f"bytes={start}-{end - 1}"} if (start, end) != (0, o.size) else {}
     try:
-        got = s3_client().get_object(Bucket=log_dir.bucket, Key=key)
-        with open(path, "wb") as f:
+        got = s3_client().get_object(Bucket=log_dir.bucket, Key=log_dir.key(o.name), **args)
+        if end > start or not args:
+            f.seek(start)
             shutil.copyfileobj(got["Body"], f, 8 << 20)
     except Exception as e:
         raise KafkaCleanerError(f"{log_dir.uri}/{o.name}: cannot read the object: {e}") from e
-    etag, size = str(got.get("ETag", "")).strip('"'), path.stat().st_size
-    if etag != o.etag or size != o.size:
-        raise KafkaCleanerError(f"{log_dir.uri}/{o.name}: the object changed since it was listed (ETag {o.etag}, "
-                                f"{o.size} bytes listed; {etag}, {size} bytes read): plan the job again")
+    etag = str(got.get("ETag", "")).strip('"')
+    if etag != o.etag:
+        raise KafkaCleanerError(f"{log_dir.uri}/{o.name}: the object changed since it was listed (ETag {o.etag} "
+                                f"listed, {etag} read): plan the job again")
+    return got
+
+
+def _set_mtime(path: Path, got: Mapping[str, Any]) -> None:
     mtime_ns = _mtime_ns(got.get("Metadata") or {})
     if mtime_ns is None:
         mtime_ns = int(got["LastModified"].timestamp()) * 10**9
     os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+def _hollow_logs(log_dir: ObjectLogDir, work: Path, logs: list[ObjectInfo]) -> dict[str, list[tuple[int, int]]]:
+    """The ``.log`` files of a hollow mirror whose other files are in ``work`` already: each
+    the object's size, with its head and the tail planning reads (the module's docstring).
+    A segment without its indexes is whole: opening it rebuilds them from every batch.
+    Returns the byte ranges each holds, by name."""
+    windows: dict[str, list[tuple[int, int]]] = {}
+    partition = work / logs[0].name.partition("/")[0]
+    # Where the engine replays the producers from to the log end: the newest snapshot (an
+    # older one if that is unusable: then planning reads a hole and says so).
+    snapshots = list_snapshots(partition)
+    replays = [snapshots[-1][0] if snapshots else -1]
+    bases = sorted(offset_from_file_name(o.name.rpartition("/")[2]) for o in logs)
+    next_base = dict(itertools.pairwise(bases))
+    for o in logs:
+        base = offset_from_file_name(o.name.rpartition("/")[2])
+        has_indexes = all((partition / (o.name.rpartition("/")[2][: -len(LOG_SUFFIX)] + suffix)).exists()
+                          for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX))
+        segment = LogSegment(partition, base)
+        tail = min(segment.lookup_position(2**63 - 1), max(o.size - 1, 0)) if has_indexes else 0
+        for offset in replays:
+            if offset < base:
+                tail = 0
+            elif base not in next_base or offset < next_base[base]:
+                tail = min(tail, segment.lookup_position(offset))
+        path = work / o.name
+        with open(path, "w+b") as f:
+            f.truncate(o.size)
+            got = _get(log_dir, o, f, tail, o.size)
+            head = tail
+            if tail >= LOG_OVERHEAD:  # the first entry, whole: every hole then starts where an entry would
+                _get(log_dir, o, f, 0, LOG_OVERHEAD)
+                f.flush()
+                length = int.from_bytes(os.pread(f.fileno(), LOG_OVERHEAD, 0)[8:], "big", signed=True)
+                head = min(tail, LOG_OVERHEAD + max(length, 0))
+                _get(log_dir, o, f, LOG_OVERHEAD, head)
+            elif tail:
+                _get(log_dir, o, f, 0, tail)
+        _set_mtime(path, got)
+        windows[o.name] = [(0, head), (tail, o.size)]
+    return windows
+
+
+def in_hole(path: str | os.PathLike[str], position: int) -> bool:
+    """Whether ``position`` of a file of a hollow mirror is outside what it downloaded (the
+    file system's own holes are whole blocks: the bytes downloaded are recorded instead)."""
+    path = Path(path)
+    try:
+        windows = json.loads(_windows_file(path.parent.parent).read_text())[f"{path.parent.name}/{path.name}"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return not any(start <= position < end for start, end in windows)
+
+
+def _windows_file(mirror_root: Path) -> Path:
+    """Beside a hollow mirror, not in it (a log dir holds only what a broker knows)."""
+    return mirror_root.parent / (mirror_root.name + ".windows.json")
 
 
 def _mtime_ns(metadata: Mapping[str, str]) -> int | None:

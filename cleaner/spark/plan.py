@@ -88,13 +88,15 @@ class PartitionRef:
     def in_object_storage(self) -> bool:
         return is_object_uri(self.root)
 
-    def localized(self) -> PartitionRef:
+    def localized(self, *, hollow: bool = False) -> PartitionRef:
         """This partition where the engine can open it: itself, or (object storage) the
         mirror of its log dir's root files and its own objects on this host's disk, made
-        once per listing (``object_store.mirror``). What a task calls before it reads."""
+        once per listing (``object_store.mirror``). What a task calls before it reads;
+        ``hollow``, what a driver that plans calls (its ``.log`` files hold only what planning reads)."""
         if not self.in_object_storage:
             return self
-        return PartitionRef(str(mirror(ObjectLogDir.parse(self.root), self.tp.dir_name)), self.topic, self.partition)
+        local = mirror(ObjectLogDir.parse(self.root), self.tp.dir_name, hollow=hollow)
+        return PartitionRef(str(local), self.topic, self.partition)
 
 
 def local_path(path: str | os.PathLike[str], what: str) -> Path:
@@ -151,6 +153,23 @@ def partition_fingerprint(ref: PartitionRef) -> list[tuple[str, int, int | str]]
     return dir_fingerprint(ref.path)
 
 
+def partition_of_input(partition: str | os.PathLike[str]) -> PartitionRef:
+    """A partition directory, or one of a log dir in object storage
+    (``s3://bucket/prefix/<topic>-<partition>``, found in a listing)."""
+    text = os.fspath(partition)
+    if not is_object_uri(text):
+        return partition_of_dir(local_path(text, "partition dir"))
+    root, _, name = text.rstrip("/").rpartition("/")
+    tp = parse_partition_dir(name)
+    log_dir = ObjectLogDir.parse(root) if tp is not None and "/" in root.split("://", 1)[1] else None
+    if tp is None or log_dir is None:
+        raise KafkaCleanerError(f"{text}: not a partition of a log dir in object storage "
+                                f"(s3://<bucket>/<prefix>/<topic>-<partition>)")
+    if not log_dir.listing(name + "/"):
+        raise KafkaCleanerError(f"{log_dir.uri}/{name}: no such partition (no object under it)")
+    return PartitionRef(log_dir.uri, tp.topic, tp.partition)
+
+
 def partition_of_dir(partition_dir: str | os.PathLike[str]) -> PartitionRef:
     d = Path(partition_dir).absolute()
     tp = parse_partition_dir(d.name)
@@ -160,10 +179,11 @@ def partition_of_dir(partition_dir: str | os.PathLike[str]) -> PartitionRef:
 
 
 def open_managed(
-    ref: PartitionRef, policy: Policy, time: Time, *, read_only: bool = True
+    ref: PartitionRef, policy: Policy, time: Time, *, read_only: bool = True, hollow: bool = False
 ) -> tuple[LogCleanerManager, ManagedLog]:
-    """A manager over the one partition (checkpoints never written) and its managed log."""
-    view = PartitionView(ref.localized().root, ref.tp, read_only=read_only)
+    """A manager over the one partition (checkpoints never written) and its managed log
+    (``hollow``: see ``PartitionRef.localized``)."""
+    view = PartitionView(ref.localized(hollow=hollow).root, ref.tp, read_only=read_only)
     manager = LogCleanerManager([view], policy, time, write_checkpoints=False)
     logs = manager.logs()
     if ref.tp not in logs:

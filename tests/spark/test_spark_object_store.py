@@ -11,17 +11,33 @@ import uuid
 from pathlib import Path
 
 import pytest
-from spark_helpers import NOW, assert_same_partitions, checkpoint, compacted
+from spark_helpers import (
+    LARGE_POLICY,
+    LARGE_TP,
+    NOW,
+    assert_same_partitions,
+    checkpoint,
+    compacted,
+    set_high_watermark,
+)
 
-from cleaner.errors import KafkaCleanerError
+from cleaner import cleaning
+from cleaner.clock import FixedTime
+from cleaner.config import parse_policy_text
+from cleaner.errors import CorruptRecordError, KafkaCleanerError
+from cleaner.generate import GeneratorConfig, generate
 from cleaner.spark import object_store as objects
 from cleaner.spark.cli import OutputLocation
 from cleaner.spark.compact import compact
+from cleaner.spark.compact_large import compact_large
 from cleaner.spark.object_output import SUCCESS, read_success
 from cleaner.spark.object_store import ObjectInfo, ObjectLogDir, mirror
+from cleaner.spark.plan import partition_of_input
 from cleaner.spark.report import report
 from cleaner.spark.staging import InjectedFault
+from cleaner.storage.log import Log
 from cleaner.storage.log_dir import LogDirectory
+from cleaner.storage.segment import DEFAULT_INDEX_INTERVAL_BYTES
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark")]
 
@@ -141,6 +157,10 @@ def test_an_object_storage_input_names_its_bucket_and_prefix():
     for bad in ("s3://bucket", "s3://bucket/", "s3:///prefix"):
         with pytest.raises(KafkaCleanerError, match="s3://<bucket>/<prefix>"):
             ObjectLogDir.parse(bad)
+    # compact-large's PARTITION_DIR: a partition of a log dir with a prefix of its own.
+    for bad in ("s3://bucket/topic-0", "s3://bucket/data/not-a-partition", "s3://bucket/data/"):
+        with pytest.raises(KafkaCleanerError, match="s3://<bucket>/<prefix>/<topic>-<partition>"):
+            partition_of_input(bad)
 
 
 def test_compact_into_object_storage_is_byte_identical_and_marked_whole_last(
@@ -193,3 +213,128 @@ def test_an_output_in_object_storage_is_named_clearly(tmp_path, fleet_policy):
         compact(None, ["s3://bucket/in/data"], fleet_policy, output="s3://bucket/out")
     with pytest.raises(KafkaCleanerError, match="must be outside the input log dir s3://bucket/in/data"):
         compact(None, ["s3://bucket/in/data"], fleet_policy, output="s3://bucket/in", staging=tmp_path)
+
+
+@pytest.fixture(scope="module")
+def large_in_s3(s3, large, object_store) -> str:
+    """``large`` (one partition of dozens of gzip segments) copied to the bucket. Read-only."""
+    uri = f"s3://{s3}/large/data"
+    object_store.upload_log_dir(large, uri)
+    return uri
+
+
+def _driver_log_ranges(monkeypatch) -> dict[str, int]:
+    """Bytes of each ``.log`` object this process (the driver) fetches, whole or by range."""
+    fetched: dict[str, int] = {}
+    real = objects._get
+
+    def recorded(log_dir, o, f, start, end):
+        if o.name.endswith(".log"):
+            fetched[o.name] = fetched.get(o.name, 0) + end - start
+        return real(log_dir, o, f, start, end)
+
+    monkeypatch.setattr(objects, "_get", recorded)
+    return fetched
+
+
+@pytest.fixture(scope="module")
+def small_batches(tmp_path_factory) -> tuple[Path, Path]:
+    """(a log dir of one partition of 64 KiB segments of ~1 KiB lz4 batches, transactions among
+    them, its high watermark at half the log; the same after ``kafka-cleaner clean``)."""
+    root = tmp_path_factory.mktemp("small-batches") / "data"
+    generate(root, GeneratorConfig(topics=1, partitions=1, records=30_000, keys=3_000, tombstones=0.1,
+                                   compression="lz4", transactions=0.3, segment_bytes=64 * 1024, batch_bytes=1024,
+                                   topic_prefix="big", now_ms=NOW, seed=12))
+    set_high_watermark(root, LARGE_TP, Log.open(root / LARGE_TP.dir_name, read_only=True).log_end_offset // 2)
+    cleaned = tmp_path_factory.mktemp("small-batches-cleaned") / "data"
+    shutil.copytree(root, cleaned)
+    cleaning.clean([cleaned], parse_policy_text(LARGE_POLICY), FixedTime(NOW))
+    return root, cleaned
+
+
+def test_compact_large_from_object_storage_is_byte_identical_and_its_driver_reads_heads_and_tails(
+    spark, tmp_path, small_batches, large_policy, s3, object_store, monkeypatch
+):
+    source, expected = small_batches
+    uri = f"s3://{s3}/small-batches/data"
+    object_store.upload_log_dir(source, uri)
+    fetched = _driver_log_ranges(monkeypatch)
+    out = tmp_path / "out"
+    done = compact_large(spark, f"{uri}/{LARGE_TP.dir_name}", large_policy, output=out, now_ms=NOW)
+    assert done.status == "committed" and len(done.groups) >= 3
+    assert_same_partitions(expected, out, [LARGE_TP])
+    assert checkpoint(out) == checkpoint(expected) == {LARGE_TP: done.end_offset}
+
+    # The driver planned on each segment's first batch and its tail from its last offset index
+    # entry (at most index.interval.bytes and a batch before its end); the active segment's
+    # tail is where the producers are replayed from their newest snapshot.
+    segments = Log.open(source / LARGE_TP.dir_name, read_only=True).segments
+    largest_batch = max(int(b.sizes.max()) for s in segments for b in s.iter_batches())
+    bound = DEFAULT_INDEX_INTERVAL_BYTES + 2 * largest_batch
+    sizes = {f"{LARGE_TP.dir_name}/{s.log_path.name}": s.size for s in segments}
+    assert len(sizes) >= 20 and set(fetched) <= set(sizes)
+    over = {name: n for name, n in fetched.items() if n > bound and name != max(sizes)}
+    assert not over, (bound, over)
+    assert sum(fetched.values()) < sum(sizes.values()) / 5, (sum(fetched.values()), sum(sizes.values()))
+
+    # The same listing is the same plan: a rerun commits nothing again.
+    again = compact_large(spark, f"{uri}/{LARGE_TP.dir_name}", large_policy, output=out, now_ms=NOW)
+    assert again.status == "already-committed" and again.run_id == done.run_id
+    with pytest.raises(KafkaCleanerError, match="never cleaned in place"):
+        compact_large(spark, f"{uri}/{LARGE_TP.dir_name}", large_policy, now_ms=NOW)
+
+
+def test_a_plan_that_needs_more_than_the_hollow_mirror_holds_says_so(spark, tmp_path, large, large_policy, s3,
+                                                                      object_store):
+    """The newest producer snapshot unreadable: the engine replays from an older one, over
+    bytes the driver did not download. A clear error, no output."""
+    uri = f"s3://{s3}/bad-snapshot/data"
+    object_store.upload_log_dir(large, uri)
+    newest = max(p.name for p in (large / LARGE_TP.dir_name).glob("*.snapshot"))
+    object_store.client().put_object(Bucket=s3, Key=ObjectLogDir.parse(uri).key(f"{LARGE_TP.dir_name}/{newest}"),
+                                     Body=b"not a snapshot")
+    with pytest.raises(KafkaCleanerError, match=r"which the driver does not download \(it reads each segment's head"):
+        compact_large(spark, f"{uri}/{LARGE_TP.dir_name}", large_policy, output=tmp_path / "out", now_ms=NOW)
+    assert not (tmp_path / "out" / LARGE_TP.dir_name).exists()
+
+
+def test_a_hollow_mirror_is_the_partitions_size_and_times_and_a_read_past_what_it_holds_fails(
+    large, large_in_s3, tmp_path
+):
+    """What the driver of compact-large plans on (``object_store``'s docstring)."""
+    log_dir = ObjectLogDir.parse(large_in_s3)
+    local = mirror(log_dir, LARGE_TP.dir_name, base=tmp_path / "mirrors", hollow=True) / LARGE_TP.dir_name
+    source = large / LARGE_TP.dir_name
+    assert sorted(p.name for p in local.iterdir()) == sorted(p.name for p in source.iterdir())
+    for src in source.iterdir():
+        copy = local / src.name
+        assert (copy.stat().st_size, copy.stat().st_mtime_ns) == (src.stat().st_size, src.stat().st_mtime_ns)
+        if not src.name.endswith(".log"):
+            assert copy.read_bytes() == src.read_bytes()
+    hollow = Log.open(local, read_only=True)
+    full = Log.open(source, read_only=True)
+    assert hollow.log_end_offset == full.log_end_offset
+    assert [s.first_batch_timestamp() for s in hollow.segments] == [s.first_batch_timestamp() for s in full.segments]
+    # A reader of every batch reads what the segment holds, or meets a hole where an entry would
+    # start and raises: never fewer batches, never other ones.
+    holes = 0
+    for segment, whole in zip(hollow.segments, full.segments, strict=True):
+        expected = [entry for b in whole.iter_batches() for entry in _entries(b)]
+        read: list[tuple[int, int, int]] = []
+        try:
+            for b in segment.iter_batches():
+                read.extend(_entries(b))
+        except CorruptRecordError as error:
+            assert objects.in_hole(error.path, error.position) and not objects.in_hole(error.path, error.position - 1)
+            assert error.position in {p for p, _, _ in expected}  # where an entry starts
+            holes += 1
+        else:
+            assert read == expected
+        assert [segment.read(p, n) for p, _, n in read] == [whole.read(p, n) for p, _, n in read]  # whole entries
+    assert holes >= 15
+
+
+def _entries(batches) -> list[tuple[int, int, int]]:
+    """(file position, base offset, size) of each batch."""
+    return list(zip(batches.file_positions.tolist(), batches.base_offsets.tolist(), batches.sizes.tolist(),
+                    strict=True))
