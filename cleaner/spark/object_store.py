@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import atexit
 import decimal
+import fcntl
 import functools
 import hashlib
 import itertools
@@ -51,7 +52,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,14 @@ from cleaner.errors import KafkaCleanerError
 from cleaner.records.batch import LOG_OVERHEAD
 from cleaner.storage.lock import LOCK_FILE
 from cleaner.storage.producer_state import list_snapshots
-from cleaner.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, offset_from_file_name
+from cleaner.storage.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    LogSegment,
+    file_name,
+    offset_from_file_name,
+)
 from cleaner.storage.topic_partition import parse_partition_dir
 
 SCHEMES = ("s3://", "s3a://")
@@ -193,7 +201,8 @@ def mirror(log_dir: ObjectLogDir, partition: str | None = None, *, base: Path | 
     partition's files (without: an empty directory for each partition, so that the log dir's
     layout reads as it is); made once per listing and shared by the tasks of a host
     (``base``: elsewhere than :func:`mirror_base`). ``hollow``: the partition's ``.log``
-    files hold only what planning reads (see the module's docstring)."""
+    files hold only what planning reads (see the module's docstring), unless this host has
+    the whole mirror of the same listing already (a report's stage 0 made it)."""
     root = [o for o in log_dir.listing(top_level=True) if o.name != LOCK_FILE]
     if partition is not None:
         objects = root + [o for o in log_dir.listing(partition + "/") if "/" not in o.name[len(partition) + 1:]]
@@ -202,10 +211,14 @@ def mirror(log_dir: ObjectLogDir, partition: str | None = None, *, base: Path | 
         dirs = [partition]
     else:
         objects, dirs = root, sorted(log_dir.layout()[1])
-    identity = json.dumps([log_dir.uri, [(o.name, o.size, o.etag) for o in objects], dirs, hollow])
-    final = (base or mirror_base()) / hashlib.sha256(identity.encode()).hexdigest()[:24]
-    if final.is_dir():
-        return final
+    def made(hollow: bool) -> Path:
+        identity = json.dumps([log_dir.uri, [(o.name, o.size, o.etag) for o in objects], dirs, hollow])
+        return (base or mirror_base()) / hashlib.sha256(identity.encode()).hexdigest()[:24]
+
+    final = made(hollow)
+    for done in (final, made(False)):  # a whole mirror of the same listing serves a hollow one too
+        if done.is_dir():
+            return done
     work = final.parent / f".{final.name}.{uuid.uuid4().hex[:8]}"
     work.mkdir(parents=True)
     try:
@@ -214,7 +227,9 @@ def mirror(log_dir: ObjectLogDir, partition: str | None = None, *, base: Path | 
             if o not in logs:
                 download(log_dir, o, work / o.name)
         if logs:
-            _windows_file(final).write_text(json.dumps(_hollow_logs(log_dir, work, logs)))
+            state = {"uri": log_dir.uri, "objects": {o.name: [o.size, o.etag] for o in logs},
+                     "windows": _hollow_logs(log_dir, work, logs)}
+            _windows_file(final).write_text(json.dumps(state))
         for name in dirs:
             (work / name).mkdir(exist_ok=True)
         try:
@@ -306,19 +321,52 @@ def _hollow_logs(log_dir: ObjectLogDir, work: Path, logs: list[ObjectInfo]) -> d
     return windows
 
 
+def fill(partition_dir: Path, bases: Iterable[int]) -> None:
+    """The segments ``bases`` of a hollow mirror's partition made whole: what a task reads
+    record by record (a summary's headers, phase 1's keys, phase 2's rewrite, the driver's
+    map cut). Each is downloaded beside the mirror and renamed over its hollow file, so a
+    reader sees the one or the other, with the object's time either way; the tasks of an
+    executor share the mirror and download a segment once. A mirror that is not hollow (or a
+    partition on a file system) holds every segment already."""
+    state_path = _windows_file(partition_dir.parent)
+    if not state_path.exists():
+        return
+    names = {f"{partition_dir.name}/{file_name(base, LOG_SUFFIX)}" for base in bases}
+    with open(state_path.with_name(state_path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one download of a segment per host
+        state = json.loads(state_path.read_text())
+        log_dir = ObjectLogDir.parse(state["uri"])
+        for name in sorted(names & set(state["objects"])):
+            size, etag = state["objects"][name]
+            if state["windows"][name] == [[0, size]]:
+                continue
+            work = partition_dir.parent.parent / f".fill-{uuid.uuid4().hex[:12]}"
+            try:
+                download(log_dir, ObjectInfo(name, size, etag), work)
+                os.rename(work, partition_dir.parent / name)
+            finally:
+                work.unlink(missing_ok=True)
+            state["windows"][name] = [[0, size]]
+            tmp = state_path.with_name(state_path.name + f".{uuid.uuid4().hex[:8]}")
+            tmp.write_text(json.dumps(state))
+            os.rename(tmp, state_path)  # whole at once for in_hole, which does not lock
+
+
 def in_hole(path: str | os.PathLike[str], position: int) -> bool:
     """Whether ``position`` of a file of a hollow mirror is outside what it downloaded (the
     file system's own holes are whole blocks: the bytes downloaded are recorded instead)."""
     path = Path(path)
     try:
-        windows = json.loads(_windows_file(path.parent.parent).read_text())[f"{path.parent.name}/{path.name}"]
+        state = json.loads(_windows_file(path.parent.parent).read_text())
+        windows = state["windows"][f"{path.parent.name}/{path.name}"]
     except (OSError, ValueError, KeyError):
         return False
     return not any(start <= position < end for start, end in windows)
 
 
 def _windows_file(mirror_root: Path) -> Path:
-    """Beside a hollow mirror, not in it (a log dir holds only what a broker knows)."""
+    """Beside a hollow mirror, not in it (a log dir holds only what a broker knows): what
+    the mirror was made from and which bytes of each ``.log`` it holds."""
     return mirror_root.parent / (mirror_root.name + ".windows.json")
 
 

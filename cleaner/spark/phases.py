@@ -162,9 +162,10 @@ def task_cleaner(io_buffer_size: int, max_io_buffer_size: int, io_rate: float | 
     return Cleaner(0, OffsetMap(1024), io_buffer_size, max_io_buffer_size, Throttler(io_rate, time), time)
 
 
-def _open(scope: KeyScope) -> Log:
+def _open(scope: KeyScope, bases: Sequence[int]) -> Log:
+    """The scope's partition, where the segments ``bases`` are read record by record."""
     if scope.round is not None:
-        return open_planned_log(scope.round)
+        return open_planned_log(scope.round, bases)
     path = scope.ref.localized().path
     return Log.open(path, log_config_for(scope.rule), log_start_offset=scope.log_start_offset, read_only=True)
 
@@ -243,7 +244,8 @@ def transaction_summaries(
     rate = task_io_rate(sc, io_rate)
 
     def summarize_slice(keys: list[tuple[int, int]]) -> Iterator[tuple[tuple[int, int], SegmentTransactions]]:
-        log = Log.open(ref.localized().path, log_config_for(rule), log_start_offset=log_start_offset, read_only=True)
+        local = ref.localized_for(base for base, _ in keys)
+        log = Log.open(local.path, log_config_for(rule), log_start_offset=log_start_offset, read_only=True)
         found = {s.base_offset: s for s in log.segments}
         throttle = Throttler(rate, SYSTEM_TIME).maybe_throttle
         for base, position in keys:
@@ -288,7 +290,7 @@ def map_slice(
         clock = _Clock("map", times)
         scope = scopes[i]
         if i not in logs:
-            logs[i] = _open(scope)
+            logs[i] = _open(scope, [scope.segments[s].base for j, s in tasks if j == i])
         out = list(_map_segment(scope, s, logs[i], reducers))
         clock.done(segment=scope.segments[s].base)
         yield from out
@@ -496,6 +498,7 @@ def map_stop(plan: RoundPlan, log: Log, cleaner: Cleaner, after: int) -> tuple[i
     for pos, (s, next_start, blob) in enumerate(plan.dirty):
         if next_start - 1 <= after:
             continue
+        plan.ref.localized_for([plan.segments[s].base])  # read whole below (from object storage: fetched now)
         segment = segments_by_base(log, [plan.segments[s].base])[0]
         _, offsets = cleaner.segment_keys(ltc, segment, transaction_state(blob))
         later = offsets[offsets > after]
@@ -944,7 +947,9 @@ def rewrite_group(
         result["reused"] = True
         return result
     if plan.index not in logs:
-        logs[plan.index] = open_planned_log(plan)
+        logs[plan.index] = open_planned_log(plan, bases)
+    else:
+        plan.ref.localized_for(bases)  # this group's segments whole in the mirror the log reads
     log = logs[plan.index]
     ltc = log_to_clean_of(plan, log)
     cleaner = task_cleaner(plan.io_buffer_size, plan.max_io_buffer_size, plan.io_max_bytes_per_second, plan.now)

@@ -16,7 +16,7 @@ import inspect
 import json
 import os
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from cleaner.storage.producer_state import ActiveProducer
 from cleaner.storage.segment import LogSegment
 from cleaner.storage.topic_partition import TopicPartition, parse_partition_dir
 
-from .object_store import ObjectLogDir, fingerprint, is_object_uri, mirror
+from .object_store import ObjectLogDir, fill, fingerprint, is_object_uri, mirror
 
 MAX_IO_BUFFER_SIZE: int = inspect.signature(LogCleaner.__init__).parameters["max_message_bytes"].default
 """The cleaner's ``maxIoBufferSize`` as ``kafka-cleaner clean`` runs it (``LogCleaner``'s default,
@@ -97,6 +97,17 @@ class PartitionRef:
             return self
         local = mirror(ObjectLogDir.parse(self.root), self.tp.dir_name, hollow=hollow)
         return PartitionRef(str(local), self.topic, self.partition)
+
+    def localized_for(self, bases: Iterable[int]) -> PartitionRef:
+        """This partition where the engine can read the segments ``bases`` record by record
+        and plan on the others: itself, or (object storage) this host's hollow mirror with
+        those segments made whole (``object_store.fill``). What compact-large's tasks call:
+        each executor downloads the segments its tasks read, not the partition."""
+        if not self.in_object_storage:
+            return self
+        local = self.localized(hollow=True)
+        fill(local.path, bases)
+        return local
 
 
 def local_path(path: str | os.PathLike[str], what: str) -> Path:
@@ -391,10 +402,11 @@ def set_end_offset(plan: RoundPlan, ltc: LogToClean, cleaner: Cleaner, end_offse
 # -- the executors' side ---------------------------------------------------------------------
 
 
-def open_planned_log(plan: RoundPlan) -> Log:
-    """The partition as the plan saw it, read-only; raises ``StalePlanError`` if its
+def open_planned_log(plan: RoundPlan, bases: Iterable[int] = ()) -> Log:
+    """The partition as the plan saw it, read-only, where the segments ``bases`` are read
+    record by record (``PartitionRef.localized_for``); raises ``StalePlanError`` if its
     segments changed."""
-    path = plan.ref.localized().path
+    path = plan.ref.localized_for(bases).path
     log = Log.open(path, log_config_for(plan.rule), log_start_offset=plan.log_start_offset, read_only=True)
     seen = [SegmentRef(s.base_offset, s.size, s.last_modified_ms) for s in log.segments]
     planned = {s.base: s for s in plan.segments}

@@ -6,6 +6,7 @@ marked whole by ``_SUCCESS`` only once it is (``cleaner.spark.object_output``)."
 
 from __future__ import annotations
 
+import json
 import shutil
 import uuid
 from pathlib import Path
@@ -277,6 +278,16 @@ def test_compact_large_from_object_storage_is_byte_identical_and_its_driver_read
     assert not over, (bound, over)
     assert sum(fetched.values()) < sum(sizes.values()) / 5, (sum(fetched.values()), sum(sizes.values()))
 
+    # The executors' mirrors are hollow too: they hold whole the segments their tasks read (the
+    # round's, below the high watermark), not the partition.
+    (base,) = set(spark.sparkContext.parallelize(range(4), 4).map(lambda _: str(objects.mirror_base())).collect())
+    states = [json.loads(p.read_text()) for p in Path(base).glob("*.windows.json")]
+    states = [st for st in states if st["uri"] == uri]
+    assert states, f"no hollow mirror of {uri} under {base}"
+    whole = {name for st in states for name, w in st["windows"].items() if w == [[0, st["objects"][name][0]]]}
+    above = [n for n in sizes if int(n.rsplit("/", 1)[1][:20]) >= done.end_offset]
+    assert whole and not whole & set(above) and len(whole) < len(sizes), (len(whole), len(sizes))
+
     # The same listing is the same plan: a rerun commits nothing again.
     again = compact_large(spark, f"{uri}/{LARGE_TP.dir_name}", large_policy, output=out, now_ms=NOW)
     assert again.status == "already-committed" and again.run_id == done.run_id
@@ -332,6 +343,18 @@ def test_a_hollow_mirror_is_the_partitions_size_and_times_and_a_read_past_what_i
             assert read == expected
         assert [segment.read(p, n) for p, _, n in read] == [whole.read(p, n) for p, _, n in read]  # whole entries
     assert holes >= 15
+
+    # A task's segments filled in: whole, the same bytes and time; the others still hollow.
+    some = [s.base_offset for s in full.segments[3:6]]
+    objects.fill(local, some)
+    for segment, whole in zip(hollow.segments, full.segments, strict=True):
+        name = whole.log_path.name
+        if segment.base_offset in some:
+            assert (local / name).read_bytes() == whole.log_path.read_bytes()
+            assert (local / name).stat().st_mtime_ns == whole.log_path.stat().st_mtime_ns
+            assert not objects.in_hole(local / name, whole.size // 2)
+    other = next(w for w in full.segments[6:] if int(w.first_batch().sizes[0]) < w.lookup_position(2**63 - 1))
+    assert objects.in_hole(local / other.log_path.name, int(other.first_batch().sizes[0]))
 
 
 def _entries(batches) -> list[tuple[int, int, int]]:
