@@ -75,6 +75,7 @@ SCHEMES = ("s3://", "s3a://")
 """Both name the same store here: ``s3a://`` is how Hadoop (and so a Spark user) spells it."""
 
 MTIME_METADATA = "mtime"
+HOLLOW_STATE = ".kafka-cleaner-hollow.json"
 MIRROR_DIR_NAME = "kafka-cleaner-mirror"
 
 
@@ -229,7 +230,7 @@ def mirror(log_dir: ObjectLogDir, partition: str | None = None, *, base: Path | 
         if logs:
             state = {"uri": log_dir.uri, "objects": {o.name: [o.size, o.etag] for o in logs},
                      "windows": _hollow_logs(log_dir, work, logs)}
-            _windows_file(final).write_text(json.dumps(state))
+            _hollow_state(work).write_text(json.dumps(state))
         for name in dirs:
             (work / name).mkdir(exist_ok=True)
         try:
@@ -328,7 +329,7 @@ def fill(partition_dir: Path, bases: Iterable[int]) -> None:
     reader sees the one or the other, with the object's time either way; the tasks of an
     executor share the mirror and download a segment once. A mirror that is not hollow (or a
     partition on a file system) holds every segment already."""
-    state_path = _windows_file(partition_dir.parent)
+    state_path = _hollow_state(partition_dir.parent)
     if not state_path.exists():
         return
     names = {f"{partition_dir.name}/{file_name(base, LOG_SUFFIX)}" for base in bases}
@@ -357,17 +358,18 @@ def in_hole(path: str | os.PathLike[str], position: int) -> bool:
     file system's own holes are whole blocks: the bytes downloaded are recorded instead)."""
     path = Path(path)
     try:
-        state = json.loads(_windows_file(path.parent.parent).read_text())
+        state = json.loads(_hollow_state(path.parent.parent).read_text())
         windows = state["windows"][f"{path.parent.name}/{path.name}"]
     except (OSError, ValueError, KeyError):
         return False
     return not any(start <= position < end for start, end in windows)
 
 
-def _windows_file(mirror_root: Path) -> Path:
-    """Beside a hollow mirror, not in it (a log dir holds only what a broker knows): what
-    the mirror was made from and which bytes of each ``.log`` it holds."""
-    return mirror_root.parent / (mirror_root.name + ".windows.json")
+def _hollow_state(mirror_root: Path) -> Path:
+    """What a hollow mirror was made from and which bytes of each ``.log`` it holds: a root
+    file of the mirror, which the engine does not read (it knows the root files by name), so
+    that it appears with the mirror, in the same rename."""
+    return mirror_root / HOLLOW_STATE
 
 
 def _mtime_ns(metadata: Mapping[str, str]) -> int | None:

@@ -281,7 +281,7 @@ def test_compact_large_from_object_storage_is_byte_identical_and_its_driver_read
     # The executors' mirrors are hollow too: they hold whole the segments their tasks read (the
     # round's, below the high watermark), not the partition.
     (base,) = set(spark.sparkContext.parallelize(range(4), 4).map(lambda _: str(objects.mirror_base())).collect())
-    states = [json.loads(p.read_text()) for p in Path(base).glob("*.windows.json")]
+    states = [json.loads(p.read_text()) for p in Path(base).glob(f"*/{objects.HOLLOW_STATE}")]
     states = [st for st in states if st["uri"] == uri]
     assert states, f"no hollow mirror of {uri} under {base}"
     whole = {name for st in states for name, w in st["windows"].items() if w == [[0, st["objects"][name][0]]]}
