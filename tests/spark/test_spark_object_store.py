@@ -12,19 +12,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from spark_helpers import (
-    LARGE_POLICY,
-    LARGE_TP,
-    NOW,
-    assert_same_partitions,
-    checkpoint,
-    compacted,
-    set_high_watermark,
-)
+from spark_helpers import LARGE_TP, NOW, assert_same_partitions, checkpoint, compacted, set_high_watermark
 
 from cleaner import cleaning
 from cleaner.clock import FixedTime
-from cleaner.config import parse_policy_text
 from cleaner.errors import CorruptRecordError, KafkaCleanerError
 from cleaner.generate import GeneratorConfig, generate
 from cleaner.spark import object_store as objects
@@ -239,7 +230,7 @@ def _driver_log_ranges(monkeypatch) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def small_batches(tmp_path_factory) -> tuple[Path, Path]:
+def small_batches(tmp_path_factory, large_policy) -> tuple[Path, Path]:
     """(a log dir of one partition of 64 KiB segments of ~1 KiB lz4 batches, transactions among
     them, its high watermark at half the log; the same after ``kafka-cleaner clean``)."""
     root = tmp_path_factory.mktemp("small-batches") / "data"
@@ -249,7 +240,7 @@ def small_batches(tmp_path_factory) -> tuple[Path, Path]:
     set_high_watermark(root, LARGE_TP, Log.open(root / LARGE_TP.dir_name, read_only=True).log_end_offset // 2)
     cleaned = tmp_path_factory.mktemp("small-batches-cleaned") / "data"
     shutil.copytree(root, cleaned)
-    cleaning.clean([cleaned], parse_policy_text(LARGE_POLICY), FixedTime(NOW))
+    cleaning.clean([cleaned], large_policy, FixedTime(NOW))
     return root, cleaned
 
 
