@@ -125,12 +125,19 @@ def test_compact_on_the_cluster_is_byte_identical(cluster, tmp_path, fleet, flee
     assert checkpoint(fetched) == checkpoint(fleet_cleaned)
 
 
-def test_compact_large_survives_an_executor_killed_mid_phase(cluster, tmp_path, large, large_cleaned):
-    """Phase 2 has begun when a task made its attempt directory in the run's staging area;
+def test_compact_large_survives_an_executor_killed_mid_phase(cluster, tmp_path, large, large_cleaned, object_store):
+    """The partition copied to the object store: the driver plans on a hollow mirror and each
+    executor makes whole in its own the segments its tasks read (``object_store.fill``).
+    Phase 2 has begun when a task made its attempt directory in the run's staging area;
     its tasks are held there (a fault-injection hold, released by a file) while the executor
     JVM is SIGKILLed, so the job cannot finish first (it did once, in a fresh-clone CI run: the
     whole phase ran between two looks). Its worker starts a new executor (a third executor
-    directory of the application), the lost tasks run again, and the round is the same bytes."""
+    directory of the application, with an empty mirror), the lost tasks run again, and the
+    round is the same bytes. (compact-large of a partition on disk: test_spark_compact_large.py.)"""
+    bucket = f"standalone-{uuid.uuid4().hex[:8]}"
+    object_store.client().create_bucket(Bucket=bucket)
+    uri = f"s3://{bucket}/b1/data"
+    object_store.upload_log_dir(large, uri)
     out = tmp_path / "out"
     staging = tmp_path / "staging"
     release = tmp_path / "release-phase-2"
@@ -138,10 +145,12 @@ def test_compact_large_survives_an_executor_killed_mid_phase(cluster, tmp_path, 
     apps_before = app_dirs(cluster)
     job = subprocess.Popen(
         cluster.submit_command(
-            SUBMIT_APP, "compact-large", str(large / LARGE_TP.dir_name), "--policy", str(policy),
+            SUBMIT_APP, "compact-large", f"{uri}/{LARGE_TP.dir_name}", "--policy", str(policy),
             "--output", str(out), "--staging", str(staging), "--now-ms", str(NOW),
+            executor_env=object_store.env(),
         ),
-        env={**cluster.env(), FAULTS_ENV: json.dumps({"hold": {"point": "phase2", "until": str(release)}})},
+        env={**cluster.env(), **object_store.env(),
+             FAULTS_ENV: json.dumps({"hold": {"point": "phase2", "until": str(release)}})},
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
