@@ -212,8 +212,9 @@ def mirror(log_dir: ObjectLogDir, partition: str | None = None, *, base: Path | 
         dirs = [partition]
     else:
         objects, dirs = root, sorted(log_dir.layout()[1])
-    def made(hollow: bool) -> Path:
-        identity = json.dumps([log_dir.uri, [(o.name, o.size, o.etag) for o in objects], dirs, hollow])
+
+    def made(hollowed: bool) -> Path:
+        identity = json.dumps([log_dir.uri, [(o.name, o.size, o.etag) for o in objects], dirs, hollowed])
         return (base or mirror_base()) / hashlib.sha256(identity.encode()).hexdigest()[:24]
 
     final = made(hollow)
@@ -318,7 +319,7 @@ def _hollow_logs(log_dir: ObjectLogDir, work: Path, logs: list[ObjectInfo]) -> d
             elif tail:
                 _get(log_dir, o, f, 0, tail)
         _set_mtime(path, got)
-        windows[o.name] = [(0, head), (tail, o.size)]
+        windows[o.name] = [(0, o.size)] if head >= tail else [(0, head), (tail, o.size)]
     return windows
 
 
