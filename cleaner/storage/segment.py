@@ -626,7 +626,7 @@ class LogSegment:
             # (``FileChannelRecordBatch.maxTimestamp``); the whole first batch (up to 1 MB) was
             # read for it, on every dirty segment a plan or a scan looks at.
             head = self.read(0, min(self.size, RECORD_BATCH_OVERHEAD)) if self.size else b""
-            if len(head) == RECORD_BATCH_OVERHEAD and head[MAGIC_OFFSET] >= 2:
+            if len(head) == RECORD_BATCH_OVERHEAD and head[MAGIC_OFFSET] == 2:
                 length = _ENTRY.unpack_from(head)[1]
                 if RECORD_BATCH_OVERHEAD <= LOG_OVERHEAD + length <= self.size:
                     first = batches_at(head, np.zeros(1, dtype=np.int64), path=str(self.log_path))

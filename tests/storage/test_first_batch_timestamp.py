@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from cleaner.errors import CorruptRecordError
 from cleaner.generate import GeneratorConfig, generate
-from cleaner.records.batch import RECORD_BATCH_OVERHEAD
+from cleaner.records.batch import MAGIC_OFFSET, RECORD_BATCH_OVERHEAD
 from cleaner.storage.log import Log
 from cleaner.storage.log_dir import LogDirectory
 from cleaner.storage.segment import LogSegment
@@ -98,3 +99,15 @@ def test_a_legacy_entry_gives_its_own_timestamp(tmp_path: Path) -> None:
     (partition / "00000000000000000000.log").write_bytes(entries)
     (segment,) = _partition_segments(partition)
     assert segment.first_batch_timestamp() == NOW_MS - 5
+
+
+def test_an_unknown_magic_is_refused_as_before(tmp_path: Path) -> None:
+    root = tmp_path / "kafka-logs"
+    generate(root, GeneratorConfig(now_ms=NOW_MS, topics=1, partitions=1, records=200, keys=50, value_bytes=500,
+                                   compression="none", segment_bytes=1 << 20, seed=1))
+    (segment,) = _segments(root)
+    with open(segment.log_path, "r+b") as f:
+        f.seek(MAGIC_OFFSET)
+        f.write(b"\x03")
+    with pytest.raises(CorruptRecordError, match="magic"):
+        LogSegment(segment.log_path.parent, segment.base_offset).first_batch_timestamp()
