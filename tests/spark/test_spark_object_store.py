@@ -348,6 +348,33 @@ def test_a_hollow_mirror_is_the_partitions_size_and_times_and_a_read_past_what_i
     assert objects.in_hole(local / other.log_path.name, int(other.first_batch().sizes[0]))
 
 
+
+def test_two_tasks_making_the_same_hollow_mirror_keep_what_the_first_filled(large, large_in_s3, tmp_path,
+                                                                            monkeypatch):
+    """Task B builds the mirror while task A builds the same one, renames it into place and
+    fills a segment: B's rename loses, and what A filled stays recorded as whole (B's record
+    of the mirror went with B's copy, not over A's)."""
+    log_dir, base = ObjectLogDir.parse(large_in_s3), tmp_path / "mirrors"
+    holey = next(w for w in Log.open(large / LARGE_TP.dir_name, read_only=True).segments
+                 if int(w.first_batch().sizes[0]) < w.lookup_position(2**63 - 1))
+    segment, middle = holey.log_path, int(holey.first_batch().sizes[0])  # a hole in a hollow mirror
+    real, calls = objects._hollow_logs, []
+
+    def building(*args):
+        calls.append(1)
+        if len(calls) == 1:  # B, part-way: A makes the whole mirror and fills a segment
+            a = mirror(log_dir, LARGE_TP.dir_name, base=base, hollow=True)
+            objects.fill(a / LARGE_TP.dir_name, [int(segment.name[:20])])
+        return real(*args)
+
+    monkeypatch.setattr(objects, "_hollow_logs", building)
+    b = mirror(log_dir, LARGE_TP.dir_name, base=base, hollow=True)
+    assert len(calls) == 2
+    filled = b / LARGE_TP.dir_name / segment.name
+    assert filled.read_bytes() == segment.read_bytes()
+    assert not objects.in_hole(filled, middle)
+
+
 def _entries(batches) -> list[tuple[int, int, int]]:
     """(file position, base offset, size) of each batch."""
     return list(zip(batches.file_positions.tolist(), batches.base_offsets.tolist(), batches.sizes.tolist(),
